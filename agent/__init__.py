@@ -1,0 +1,1 @@
+"""Runs and talks: the asyncio service, the MQTT API, persistence, systemd and the CLI."""

@@ -1,0 +1,205 @@
+"""Graph import and planning off the event loop, in worker processes with a time limit.
+
+A request's graph comes from an untrusted app. Importing and planning it is
+CPU work that can take seconds for a big model, so it runs in a small process
+pool: the event loop keeps answering, and a request that overruns the time
+limit gets its worker killed (a thread could not be stopped) and an error
+answer. What comes back is only the kernel plan and the calibrated quiet-device
+latency per device; the present latency is that times the device's present
+slow-down factor, the same arithmetic the monitors use on every tick, so an
+`estimate` answer and a monitor never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from monitors.errors import BadInput, LimitExceeded
+from monitors.graph import InputSpec
+from monitors.limits import Limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    plans: dict[str, str]       # device -> Plan.to_json(): what a monitor keeps on disk
+    base_ms: dict[str, float]   # device -> calibrated latency on the quiet device
+    memory_bytes: int           # weights + peak activations: must fit in a GPU's free memory
+
+
+class EngineError(Exception):
+    """The estimator failed in a way that is not the request's fault."""
+
+
+# -- worker side (runs in the pool's processes) -------------------------------------
+
+_ESTIMATOR: Any = None
+
+
+def _init_worker(state_dir: str) -> None:
+    global _ESTIMATOR
+    from monitors.estimator import Estimator
+
+    _ESTIMATOR = Estimator.load(Path(state_dir), device="auto", announce=None)
+
+
+def _analyse(fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits) -> Analysis:
+    from monitors.importer import load_graph
+
+    graph = load_graph(source, fmt=fmt, inputs=inputs or None, limits=limits)
+    plans, base, memory = {}, {}, 0
+    for device in _ESTIMATOR.devices:
+        plan = _ESTIMATOR.plan(graph, device)
+        plans[device] = plan.to_json()
+        base[device] = float(_ESTIMATOR.base_latency_ms(plan, device))
+        memory = max(memory, int(plan.memory_bytes))
+    return Analysis(plans, base, memory)
+
+
+def _rebase(plans: list[dict[str, str]]) -> list[dict[str, float]]:
+    """Calibrated latencies again for stored plans (the calibration may have been redone)."""
+    from monitors.kernels import Plan
+
+    out = []
+    for by_device in plans:
+        out.append({device: float(_ESTIMATOR.base_latency_ms(Plan.from_json(text), device))
+                    for device, text in by_device.items() if device in _ESTIMATOR.devices})
+    return out
+
+
+def _ping() -> tuple[str, ...]:
+    return tuple(_ESTIMATOR.devices)
+
+
+def ensure_calibrated(state_dir: Path) -> tuple[str, ...]:
+    """Load (and, the first time, run) the calibrations; done once before the workers start."""
+    from monitors.estimator import Estimator
+
+    return Estimator.load(Path(state_dir), device="auto").devices
+
+
+# -- agent side ---------------------------------------------------------------------
+
+
+class AnalysisPool:
+    """Worker processes that import and plan graphs, each call bounded in time."""
+
+    def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0) -> None:
+        self.state_dir = Path(state_dir)
+        self.devices: tuple[str, ...] = ()
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _new_pool(self, workers: int | None = None, init: bool = True) -> concurrent.futures.ProcessPoolExecutor:
+        # forkserver: workers are forked from a clean process, not from this
+        # one with its event loop and threads.
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["agent.analysis", "monitors.importer", "monitors.estimator"])
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers or self.workers, mp_context=ctx, initializer=_init_worker if init else None,
+            initargs=(str(self.state_dir),) if init else ())
+
+    async def start(self) -> None:
+        """Calibrate if needed (in one worker process, which a stop can kill), then start the workers."""
+        self._pool = self._new_pool(workers=1, init=False)
+        await asyncio.wrap_future(self._pool.submit(ensure_calibrated, self.state_dir))
+        self._pool.shutdown(wait=True)
+        self._pool = self._new_pool()
+        self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
+        self._ready.set()
+
+    async def _warm(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Wait for fresh workers to load the estimator before timing requests again."""
+        try:
+            await asyncio.wrap_future(pool.submit(_ping))
+        except Exception as exc:  # noqa: BLE001 - the next request reports it
+            log.warning("estimator workers failed to start: %s", exc)
+        if self._pool is pool:
+            self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            raise BadInput("the agent is still calibrating; try again shortly", "not_ready") from None
+
+    async def analyse(self, fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits) -> Analysis:
+        return await self._call(_analyse, fmt, source, inputs, limits)
+
+    async def rebase(self, plans: list[dict[str, str]]) -> list[dict[str, float]]:
+        return await self._call(_rebase, plans, timeout_s=max(self.timeout_s, 0.01 * len(plans)))
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        timeout_s = timeout_s or self.timeout_s
+        for attempt in range(2):
+            await self._ready.wait()  # after a restart: until the new workers are up, untimed
+            pool = self._pool
+            if pool is None:
+                raise EngineError("the estimator is not started")
+            future = pool.submit(fn, *args)
+            try:
+                return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+            except TimeoutError:
+                self._restart(pool, "a request ran past the time limit")
+                raise LimitExceeded(f"estimating took longer than the limit of {timeout_s:g} s") from None
+            except BrokenProcessPool:
+                # a worker died (killed for another request's timeout, or out of memory): retry once
+                self._restart(pool, "a worker died")
+                if attempt:
+                    raise EngineError("the estimator's worker died twice on this request") from None
+            except BadInput:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug in the estimator must not stop the agent
+                log.exception("estimator failed")
+                raise EngineError(f"the estimator failed: {type(exc).__name__}: {exc}") from None
+        raise EngineError("unreachable")
+
+    def _restart(self, pool: concurrent.futures.ProcessPoolExecutor, why: str) -> None:
+        if self._pool is not pool:
+            return  # someone else restarted it already
+        log.warning("restarting estimator workers: %s", why)
+        processes = list(getattr(pool, "_processes", {}).values())  # the executor has no public kill
+        for proc in processes:
+            try:
+                proc.kill()
+            except (OSError, AttributeError):
+                pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        self._ready.clear()
+        self._pool = self._new_pool()
+        task = asyncio.get_running_loop().create_task(self._warm(self._pool))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for proc in list(getattr(self._pool, "_processes", {}).values()):
+                try:
+                    proc.kill()
+                except (OSError, AttributeError):
+                    pass
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

@@ -1,0 +1,109 @@
+"""Keep calibrations in the state dir, and redo one when the device it was made on has changed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from monitors.calibration import Calibration
+from monitors.errors import BadInput
+from monitors.estimator import Estimator
+
+log = logging.getLogger(__name__)
+
+
+def default_state_dir() -> Path:
+    """systemd's $STATE_DIRECTORY, else the XDG state home."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "daop-agent"
+
+
+def calibration_path(state_dir: str | os.PathLike, device: str) -> Path:
+    return Path(state_dir) / f"calibration-{device}.json"
+
+
+def gpu_available() -> bool:
+    """onnxruntime can run on a GPU here: its CUDA provider is installed."""
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def load(state_dir: str | os.PathLike, device: str) -> Calibration | None:
+    """The saved calibration if it is readable and still matches this device; else None."""
+    from probes.microbench import fingerprint
+
+    path = calibration_path(state_dir, device)
+    try:
+        cal = Calibration.from_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        aside = path.with_suffix(".corrupt")
+        log.warning("calibration %s is unreadable (%s); set aside as %s", path, exc, aside.name)
+        os.replace(path, aside)
+        return None
+    current = fingerprint(device)
+    if cal.fingerprint != current:
+        changed = sorted(k for k in current if cal.fingerprint.get(k) != current[k])
+        log.info("calibration %s was made for another device (%s changed): calibrating again", path, ", ".join(changed))
+        return None
+    return cal
+
+
+def save(state_dir: str | os.PathLike, cal: Calibration) -> Path:
+    """Atomically: a crash leaves the old file or the new one, never half of one."""
+    path = calibration_path(state_dir, cal.device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(cal.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def run_calibration(state_dir: str | os.PathLike, device: str = "cpu", quick: bool = False,
+                    progress=None) -> Calibration:
+    from probes import microbench
+
+    if device == "gpu" and not gpu_available():
+        raise BadInput("no GPU: onnxruntime's CUDA execution provider is not available on this device")
+    from probes import refresh
+
+    cal = microbench.calibrate(quick=quick, device=device, progress=progress)
+    # The warm refresh's probes, timed right after: the reference that present speed is measured against.
+    cal = replace(cal, refresh_reference=dict(refresh.measure()))
+    save(state_dir, cal)
+    return cal
+
+
+def load_estimator(state_dir: str | os.PathLike, device: str = "cpu", quick: bool = False,
+                   progress=None, announce=sys.stderr) -> Estimator:
+    """An estimator for `device` ('cpu', 'gpu' or 'auto'), calibrating first where needed."""
+    wanted = ["cpu"]
+    if device == "gpu" or (device == "auto" and gpu_available()):
+        wanted.append("gpu")
+    cals: dict[str, Calibration] = {}
+    for dev in wanted:
+        cal = load(state_dir, dev)
+        if cal is None:
+            if dev == "gpu" and not gpu_available():
+                raise BadInput("no GPU: onnxruntime's CUDA execution provider is not available on this device")
+            if announce is not None:
+                print(f"daop-agent: no {dev.upper()} calibration in {state_dir}: calibrating now"
+                      f"{' (quick)' if quick else ''}...", file=announce)
+            cal = run_calibration(state_dir, dev, quick=quick, progress=progress)
+        cals[dev] = cal
+    return Estimator(cals)

@@ -1,0 +1,1 @@
+"""Benchmarks that print figures: accuracy of the estimator against real onnxruntime runs."""

@@ -1,0 +1,201 @@
+"""Accuracy of the estimator: its estimate against the real onnxruntime latency, over the model zoo.
+
+For every zoo model: the estimate from the weightless graph (the calibration in
+the state dir; calibrated first when there is none) and the real latency of one
+inference (bench/groundtruth.py: default session, CPU, median after warm-up, in
+a fresh process, cached). Error = estimate / real - 1.
+
+    python -m bench.accuracy                     # whole zoo, table + summary
+    python -m bench.accuracy --only 'bert|gpt'   # a subset (regex on the name)
+    python -m bench.accuracy --remeasure         # ignore cached ground truth
+    python -m bench.accuracy --json out.json     # also write every row
+    python -m bench.accuracy --measure-only      # ground truth only, no estimator
+
+Ground truth must be measured on a quiet machine: other load inflates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import groundtruth, zoo  # noqa: E402
+from monitors.tiers import rank, tier_for  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str
+    family: str
+    kernels: int | None = None
+    estimate_ms: float | None = None
+    real_ms: float | None = None
+    real_iqr_ms: float | None = None
+    real_min_ms: float | None = None
+    error: float | None = None  # estimate / real - 1
+    est_tier: str | None = None
+    real_tier: str | None = None
+    problem: str | None = None  # why an estimate or measurement is missing
+
+
+def estimate(estimator: Any, path: Path, inputs: dict[str, Any]) -> tuple[float, int]:
+    """The estimator's CPU latency (ms) and kernel count for the model bound to `inputs`."""
+    from monitors.importer import load_graph
+
+    graph = load_graph(path, inputs=inputs)
+    result = estimator.estimate(graph, device="cpu")
+    return result.latency_ms, result.kernels
+
+
+def load_estimator(state_dir: Path) -> Any:
+    from monitors.estimator import Estimator
+
+    return Estimator.load(state_dir, device="cpu")
+
+
+def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int,
+             rounds: int = 1) -> Row:
+    """One row: build the file if needed, measure (or reuse) the real latency, then estimate."""
+    row = Row(model.name, model.family)
+    path = model.path()
+    try:
+        real = groundtruth.measure(path, model.inputs, repeats=min_repeats, remeasure=remeasure, rounds=rounds)
+        row.real_ms, row.real_iqr_ms, row.real_min_ms = real["median_ms"], real["iqr_ms"], real["min_ms"]
+        row.real_tier = tier_for(row.real_ms)
+    except (RuntimeError, OSError, ValueError) as exc:
+        row.problem = f"measure: {exc}"
+    if estimator is not None:
+        try:
+            row.estimate_ms, row.kernels = estimate(estimator, path, model.inputs)
+            row.est_tier = tier_for(row.estimate_ms)
+        except Exception as exc:  # a benchmark reports every failure as a row, then goes on
+            row.problem = "; ".join(filter(None, [row.problem, f"estimate: {type(exc).__name__}: {exc}"]))
+    if row.estimate_ms is not None and row.real_ms:
+        row.error = row.estimate_ms / row.real_ms - 1.0
+    return row
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    """Median |error|, shares within +/-10% and +/-25%, tier agreement; a missing estimate counts as a miss."""
+    measured = [r for r in rows if r.real_ms is not None]
+    errors = [abs(r.error) for r in measured if r.error is not None]
+    # --measure-only: no shares to give; otherwise a failed estimate counts as a miss
+    estimator_used = any(r.estimate_ms is not None or "estimate:" in (r.problem or "") for r in rows)
+    n = len(measured) if estimator_used else 0
+    agree = sum(1 for r in measured if r.est_tier is not None and r.est_tier == r.real_tier)
+    off_by_one = sum(1 for r in measured if r.est_tier is not None and abs(rank(r.est_tier) - rank(r.real_tier)) <= 1)
+    return {
+        "models": len(rows),
+        "measured": len(measured),
+        "estimated": len(errors),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "mean_abs_error": statistics.fmean(errors) if errors else None,
+        "within_10": sum(e <= 0.10 for e in errors) / n if n else None,
+        "within_25": sum(e <= 0.25 for e in errors) / n if n else None,
+        "tier_agreement": agree / n if n else None,
+        "tier_within_one": off_by_one / n if n else None,
+    }
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+HEADER = f"{'model':34} {'kernels':>7} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  {'est tier':9} {'real tier':9}"
+
+
+def format_row(r: Row) -> str:
+    error = f"{r.error:+.0%}" if r.error is not None else "-"
+    iqr = f"{r.real_iqr_ms / r.real_ms:.0%}" if r.real_ms and r.real_iqr_ms is not None else "-"
+    mark = " *" if r.est_tier and r.real_tier and r.est_tier != r.real_tier else ""
+    line = (f"{r.name:34} {r.kernels if r.kernels is not None else '-':>7} {_ms(r.estimate_ms):>9} "
+            f"{_ms(r.real_ms):>9} {iqr:>6} {error:>7}  {r.est_tier or '-':9} {r.real_tier or '-':9}{mark}")
+    return line + (f"  [{r.problem}]" if r.problem else "")
+
+
+def format_summary(rows: list[Row]) -> str:
+    s = summarize(rows)
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    lines = [f"{s['models']} models, {s['measured']} measured, {s['estimated']} estimated",
+             f"median |error| {pct(s['median_abs_error'])}, mean |error| {pct(s['mean_abs_error'])}",
+             f"within +/-10%: {pct(s['within_10'])}, within +/-25%: {pct(s['within_25'])}",
+             f"tier agreement: {pct(s['tier_agreement'])} (within one tier: {pct(s['tier_within_one'])})"]
+    families = sorted({r.family for r in rows})
+    for family in families:
+        errs = [abs(r.error) for r in rows if r.family == family and r.error is not None]
+        if errs:
+            lines.append(f"  {family:13} n={len(errs):2}  median |error| {statistics.median(errs):.0%}  "
+                         f"max |error| {max(errs):.0%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Estimator accuracy over the model zoo.")
+    parser.add_argument("--only", metavar="REGEX", help="only models whose name matches (re.search)")
+    parser.add_argument("--remeasure", action="store_true", help="measure ground truth again, ignoring the cache")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write rows and summary as JSON")
+    parser.add_argument("--state-dir", type=Path, help="calibration state dir (default: the agent's)")
+    parser.add_argument("--measure-only", action="store_true", help="ground truth only; do not load the estimator")
+    parser.add_argument("--min-repeats", type=int, default=groundtruth.MIN_REPEATS)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --remeasure: measure each model in this many fresh processes, keep the quietest")
+    args = parser.parse_args(argv)
+
+    models = zoo.ZOO
+    if args.only:
+        try:
+            pattern = re.compile(args.only)
+        except re.error as exc:
+            print(f"bad --only regex: {exc}", file=sys.stderr)
+            return 2
+        models = [m for m in models if pattern.search(m.name)]
+        if not models:
+            print(f"no zoo model matches {args.only!r}", file=sys.stderr)
+            return 2
+
+    start = time.perf_counter()
+    build_s = zoo.build_all(models, log=lambda line: print(line, file=sys.stderr))
+    estimator = None
+    if not args.measure_only:
+        from agent.calibration_store import default_state_dir
+
+        estimator = load_estimator(args.state_dir or default_state_dir())
+
+    print(HEADER)
+    rows: list[Row] = []
+    for model in models:
+        row = evaluate(model, estimator, args.remeasure, args.min_repeats, args.rounds)
+        rows.append(row)
+        print(format_row(row), flush=True)
+    print()
+    print(format_summary(rows))
+    elapsed = time.perf_counter() - start
+    print(f"({elapsed:.0f} s in all, of which {build_s:.0f} s building the zoo)")
+
+    if args.json:
+        import onnxruntime
+
+        report = {"summary": summarize(rows), "rows": [asdict(r) for r in rows],
+                  "onnxruntime": onnxruntime.__version__, "cpu": groundtruth.cpu_model(),
+                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""What watching the device costs: CPU time per Sampler.sample() tick, and per warm refresh.
+
+Targets (issue 3): at most 2 ms of CPU per tick; at most 200 ms of CPU per
+refresh and 1 % of a core on average.
+
+    python -m bench.probe_cost              # this machine, plus fixture trees
+    python -m bench.probe_cost --ticks 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # fixture trees and the NVML stand-in
+
+
+def _cpu_per_call(fn, n: int) -> list[float]:
+    fn()  # first call: NVML init, caches
+    costs = []
+    for _ in range(n):
+        start = time.thread_time()
+        fn()
+        costs.append(time.thread_time() - start)
+    return costs
+
+
+def _report(name: str, costs: list[float], target_ms: float) -> bool:
+    ms = sorted(c * 1e3 for c in costs)
+    median, p95 = statistics.median(ms), ms[int(0.95 * (len(ms) - 1))]
+    ok = p95 <= target_ms
+    print(f"{name:44s} median {median:7.3f} ms  p95 {p95:7.3f} ms  (n={len(ms)}, target <= {target_ms} ms) {'ok' if ok else 'OVER'}")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ticks", type=int, default=500)
+    parser.add_argument("--refreshes", type=int, default=10)
+    parser.add_argument("--period", type=float, default=60.0, help="refresh period for the average cost (s)")
+    args = parser.parse_args()
+
+    from nvml_standin import NvmlStandin, StandinGpu
+    from sysfs_trees import laptop, server
+
+    from probes.refresh import RefreshPolicy, WarmRefresh
+    from probes.state import Sampler
+
+    ok = True
+    print("CPU time per Sampler.sample() (thread CPU time of the sampling thread)")
+    sampler = Sampler()
+    ok &= _report("this machine (/sys, /proc, real pynvml)", _cpu_per_call(sampler.sample, args.ticks), 2.0)
+    sampler.close()
+    with tempfile.TemporaryDirectory() as d:
+        tree = laptop(Path(d) / "laptop")
+        s = Sampler(tree.sys, tree.proc)
+        ok &= _report("laptop fixture tree (3 zones, 5 supplies)", _cpu_per_call(s.sample, args.ticks), 2.0)
+        tree = server(Path(d) / "server")
+        s = Sampler(tree.sys, tree.proc, NvmlStandin([StandinGpu() for _ in range(8)]))
+        ok &= _report("16-core server fixture tree, 8 stand-in GPUs", _cpu_per_call(s.sample, args.ticks), 2.0)
+
+    print("\nCPU time per warm refresh (process CPU time: onnxruntime's threads included)")
+    t0, c0 = time.perf_counter(), time.process_time()
+    warm = WarmRefresh()
+    print(f"{'session creation (once)':44s} {1e3 * (time.process_time() - c0):7.1f} ms CPU, {1e3 * (time.perf_counter() - t0):7.1f} ms wall")
+    costs, walls = [], []
+    warm.measure()
+    for _ in range(args.refreshes):
+        t0 = time.perf_counter()
+        warm.measure()
+        walls.append(time.perf_counter() - t0)
+        costs.append(warm.last_cpu_s or 0.0)
+    ok &= _report("one refresh (3 probes in each probe thread)", costs, 200.0)
+    print(f"{'':44s} wall median {1e3 * statistics.median(walls):.1f} ms")
+    worst = max(costs)
+    policy = RefreshPolicy(period_s=args.period)
+    gap = max(policy.min_gap_s, worst / policy.budget_fraction)
+    print(f"average at one refresh per {args.period:.0f} s: {100 * statistics.median(costs) / args.period:.3f} % of a core; "
+          f"worst case with the state changing all the time (one refresh per {gap:.1f} s): "
+          f"{100 * worst / gap:.2f} % of a core (target <= 1 %)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

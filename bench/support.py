@@ -1,0 +1,60 @@
+"""What the benchmarks that run a real agent share."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_online(port: int, device_id: str, timeout_s: float = 120.0) -> None:
+    """Until the agent on the broker at 127.0.0.1:`port` says it is online (its retained status)."""
+    import aiomqtt
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            async with aiomqtt.Client("127.0.0.1", port) as c:
+                await c.subscribe(f"daop/{device_id}/status", qos=1)
+                async for m in c.messages:
+                    if json.loads(m.payload) == {"state": "online"}:
+                        return
+        except Exception:  # noqa: BLE001 - broker or agent not up yet
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def start_agent(state_dir: Path, device_id: str, *args: str, log: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """`daop-agent run` with a private broker on a free port, as its own process; its output goes to
+    `log` (default: agent.log in `state_dir`). Returns the process and the broker's port."""
+    port = free_port()
+    with open(log or state_dir / "agent.log", "w") as out:  # the child keeps its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--local-broker", str(port), "--state-dir",
+                                 str(state_dir), "--device-id", device_id, *args],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def stop_agent(proc: subprocess.Popen) -> None:
+    """A clean stop (SIGTERM), then a kill if it does not come."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,175 @@
+"""Does the estimate follow real load? Estimate vs real latency under 0, 1, 2, 4 busy processes and a memory hog.
+
+For each load (real processes: `while True: pass`, or a process streaming
+over 512 MB with numpy so that it competes for memory bandwidth and holds
+the memory resident): start it; then per model, `--cycles` times: sample
+the device state as the agent does, run one warm refresh, combine them into
+a Speed (monitors/speed.py, measured_current=True), and time the model for
+a while (onnxruntime default session, median of runs). The estimate
+(calibrated latency x speed.cpu) is compared with the real latency, each the
+geometric mean over the cycles, so that both see the same background.
+
+Also printed: the predicted-only and measured-only views, and the slowdown
+error (estimated slowdown vs real slowdown against the no-extra-load run),
+which isolates the state->speed model from the static estimator's own error.
+
+    python -m bench.under_load                       # default models, all loads (about 1.5 minutes)
+    python -m bench.under_load --models 'resnet18-b1-224x224,squeezenet' --loads 0,2
+
+The machine's other work is part of the state too: the "0" run is whatever
+else runs here, which the probes see and the estimate accounts for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "resnet18-b1-224x224", "bert-mini-b1-s128",
+                  "mlp-1024x4-b32")
+BUSY = "while True: pass"
+MEMORY_HOG = (
+    "import numpy as np\n"
+    "a = np.ones(64 << 20); b = np.empty_like(a)\n"  # 2 x 512 MB, resident
+    "while True: np.copyto(b, a); np.copyto(a, b)\n"
+)
+
+
+def start_load(kind: str) -> list[subprocess.Popen]:
+    if kind == "mem":
+        return [subprocess.Popen([sys.executable, "-c", MEMORY_HOG])]
+    return [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(int(kind))]
+
+
+def stop_load(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def real_latency_ms(session, feeds, seconds: float) -> float:
+    session.run(None, feeds)
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 5:
+        t = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return 1000.0 * statistics.median(times)
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v == v and v > 0]
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
+    parser.add_argument("--loads", default="0,1,2,4,mem", help="comma-separated: a number of busy processes, or mem")
+    parser.add_argument("--seconds", type=float, default=1.5, help="timed runs per model and load, in all")
+    parser.add_argument("--cycles", type=int, default=3, help="state+measurement / real-run alternations per model")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="calibration state dir (default: bench/.cache/state when its refresh reference is "
+                             "current, else bench/.cache/state-under-load, calibrated --quick on first use)")
+    args = parser.parse_args()
+
+    import onnxruntime as ort
+    import psutil
+
+    from agent.calibration_store import run_calibration
+    from bench import zoo
+    from bench.groundtruth import _feeds
+    from monitors.estimator import Estimator
+    from monitors.importer import load_graph
+    from monitors.speed import speed_from_state
+    from probes.refresh import demand_from_share, measure, slowdown
+    from probes.state import Sampler
+
+    state_dir = args.state_dir or Path(__file__).resolve().parent / ".cache" / "state"
+    estimator = Estimator.load(state_dir, device="cpu") if (state_dir / "calibration-cpu.json").exists() else None
+    if estimator is None or "share" not in estimator.calibrations["cpu"].refresh_reference:
+        # The warm-refresh reference must come from this version's probes, taken right after calibration.
+        state_dir = Path(__file__).resolve().parent / ".cache" / "state-under-load"
+        if not (state_dir / "calibration-cpu.json").exists():
+            print(f"calibrating (--quick) into {state_dir}: no calibration with a current refresh reference", flush=True)
+            run_calibration(state_dir, "cpu", quick=True)
+        estimator = Estimator.load(state_dir, device="cpu")
+    print(f"calibration: {state_dir}")
+    reference = estimator.calibrations["cpu"].refresh_reference
+    threads = psutil.cpu_count(logical=False) or 1
+    models = []
+    for name in args.models.split(","):
+        model = zoo.BY_NAME[name]
+        path = model.path()
+        base = estimator.estimate(load_graph(path, inputs=model.inputs), device="cpu").latency_ms
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        plain = {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()}
+        models.append((name, base, session, _feeds(session, plain)))
+    measure()  # create the refresh sessions before timing anything
+
+    sampler = Sampler()
+    rows = []
+    quiet: dict[str, tuple[float, float]] = {}  # model -> (speed, real) of the "0" run
+    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'D':>5} {'P':>5} {'M':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
+          f"{'real ms':>8} {'err':>6} {'err P':>6} {'err M':>6} {'slowdown est/real':>18}")
+    for load in args.loads.split(","):
+        procs = start_load(load)
+        try:
+            time.sleep(0.5)
+            sampler.sample()
+            time.sleep(0.5)
+            for name, base, session, feeds in models:
+                # Alternate state+measurement and real runs, so that both see the same background.
+                cycles: list[dict[str, float]] = []
+                for _ in range(args.cycles):
+                    state = sampler.sample()
+                    now = measure()
+                    measured = slowdown(now, reference) if reference else None
+                    speed = speed_from_state(state, measured, threads, measured_current=True)
+                    cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
+                                   "D": demand_from_share(now) or float("nan"),
+                                   "busy": state.cpu.others_busy_cores or 0.0, "runq": state.cpu.runnable_others or 0.0,
+                                   "real": real_latency_ms(session, feeds, args.seconds / args.cycles)})
+                g = {k: geomean([c[k] for c in cycles]) if k in ("speed", "P", "M", "real")
+                     else statistics.fmean(c[k] for c in cycles) for k in cycles[0]}
+                real, est = g["real"], base * g["speed"]
+                if load == "0":
+                    quiet[name] = (g["speed"], real)
+                q_speed, q_real = quiet.get(name, (float("nan"), float("nan")))
+                est_slow, real_slow = g["speed"] / q_speed, real / q_real
+                row = {"load": load, "model": name, "err": est / real - 1, "err_p": base * g["P"] / real - 1,
+                       "err_m": base * g["M"] / real - 1, "slow_err": est_slow / real_slow - 1}
+                rows.append(row)
+                print(f"{load:>5} {g['busy']:5.2f} {g['runq']:5.2f} {g['D']:5.2f} {g['P']:5.2f} {g['M']:5.2f} "
+                      f"{g['speed']:5.2f}  {name:26s} {est:8.1f} {real:8.1f} {100 * row['err']:+5.0f}% "
+                      f"{100 * row['err_p']:+5.0f}% {100 * row['err_m']:+5.0f}% {est_slow:8.2f}/{real_slow:<5.2f}",
+                      flush=True)
+        finally:
+            stop_load(procs)
+        time.sleep(0.5)
+
+    def share(key: str, bound: float) -> str:
+        values = [abs(r[key]) for r in rows if r[key] == r[key]]
+        within = sum(v <= bound for v in values)
+        return f"{within}/{len(values)} within +/-{100 * bound:.0f}%, median |error| {100 * statistics.median(values):.0f}%"
+
+    print()
+    print(f"estimate (combined) vs real : {share('err', 0.25)}")
+    print(f"prediction only             : {share('err_p', 0.25)}")
+    print(f"measurement only            : {share('err_m', 0.25)}")
+    print(f"slowdown vs the '0' run     : {share('slow_err', 0.25)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Price a kernel plan from a calibration: piecewise-linear interpolation in log space.
+
+Each family's calibration is a grid over its parameters (log-spaced). What is
+interpolated is log(efficiency) = log(work / time), multilinearly over the
+log parameters; that is the same as interpolating log(time), since log(work)
+is linear in the log parameters, but it extrapolates sensibly: beyond the
+grid, efficiency holds at the edge, so time grows in proportion to work
+(FLOPs or bytes moved) instead of following the last slope off a cliff.
+Grid points too costly to measure take the efficiency measured at the largest
+point they dominate (efficiency rises with size, then saturates), or that of
+the nearest measured point when they dominate none. No point is credited
+with more than 1.25x the best efficiency of the points that ran long enough
+to be timed well: a tiny kernel's reading is mostly fixed costs and noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitors.calibration import Calibration, FamilyTable
+from monitors.kernels import COMPUTE_FAMILIES, Kernel, Plan
+
+# A memory-bound kernel is priced from its own op's table when calibration measured that op, else from
+# its family's representative op.
+REPRESENTATIVE = {"eltwise": "Add", "transcend": "Erf", "movement": "Transpose", "reduce": "ReduceMean",
+                  "softmax": "Softmax", "norm": "LayerNormalization", "pool": "MaxPool", "view": "Reshape"}
+ALIASES = {"Upsample": "Resize", "Sub": "Add", "Div": "Mul", "SkipLayerNormalization": "LayerNormalization"}
+
+
+@dataclass
+class _Interpolator:
+    axes: list[np.ndarray]  # log coordinates, ascending
+    values: np.ndarray  # log efficiency at every grid point
+
+    def __call__(self, params: tuple[float, ...]) -> float:
+        idx: list[tuple[int, int, float]] = []
+        for axis, p in zip(self.axes, params):
+            x = math.log(max(p, 1e-12))
+            if len(axis) == 1 or x <= axis[0]:
+                idx.append((0, 0, 0.0))
+            elif x >= axis[-1]:
+                n = len(axis) - 1
+                idx.append((n, n, 0.0))
+            else:
+                i = int(np.searchsorted(axis, x)) - 1
+                t = (x - axis[i]) / (axis[i + 1] - axis[i])
+                idx.append((i, i + 1, t))
+        total = 0.0
+        for corner in range(1 << len(idx)):
+            weight = 1.0
+            at = []
+            for d, (lo, hi, t) in enumerate(idx):
+                if corner >> d & 1:
+                    weight *= t
+                    at.append(hi)
+                else:
+                    weight *= 1.0 - t
+                    at.append(lo)
+            if weight:
+                total += weight * self.values[tuple(at)]
+        return total
+
+
+def work_of(family: str, p: tuple[float, ...]) -> float:
+    """The work (FLOPs or bytes) of a calibration grid point; the planner computes the same for kernels."""
+    if family in ("conv", "conv1x1", "gemm", "dwconv"):
+        return 2.0 * p[0] * p[1] * p[2]
+    if family == "bmm":
+        return 2.0 * p[0] * p[1] * p[2] * p[3]
+    return p[0]
+
+
+def build_interpolator(family: str, table: FamilyTable) -> _Interpolator:
+    axes = [np.log(np.asarray(a, dtype=np.float64)) for a in table.axes]
+    shape = tuple(len(a) for a in axes)
+    if not table.points:
+        raise ValueError(f"calibration of {family!r} has no measured points")
+    points = _monotone(table.points)
+    well_timed = [work_of(family, p) / s for p, s in points if s >= WELL_TIMED_S]
+    ceiling = math.log(1.25 * max(well_timed)) if well_timed else math.inf
+    logs = {tuple(np.searchsorted(a, math.log(v)) for a, v in zip(axes, p)):
+            min(math.log(work_of(family, p) / s), ceiling) for p, s in points}
+    measured = np.array(list(logs.keys()))
+    measured_eff = np.array(list(logs.values()))
+    measured_work = np.array([sum(axes[d][i] for d, i in enumerate(k)) for k in logs])
+    values = np.empty(shape)
+    for at in np.ndindex(*shape):
+        if at in logs:
+            values[at] = logs[at]
+            continue
+        dominated = np.all(measured <= np.array(at), axis=1)
+        if dominated.any():  # the largest dominated point; among equals, the most efficient
+            work = np.where(dominated, np.round(measured_work, 9), -np.inf)
+            best = int(np.argmax(np.where(work == work.max(), measured_eff, -np.inf)))
+        else:
+            best = int(np.argmin(np.abs(measured - np.array(at)).sum(axis=1)))
+        values[at] = measured_eff[best]
+    return _Interpolator(axes, values)
+
+
+def _monotone(points: tuple[tuple[tuple[float, ...], float], ...]) -> list[tuple[tuple[float, ...], float]]:
+    """Cap each point's time by that of any point doing more in every dimension.
+
+    A kernel given more work is never faster; a measurement that says so was
+    disturbed (preempted, a cold page), and the larger point bounds it.
+    """
+    pts = [(p, s) for p, s in points if s > 0]
+    coords = np.array([p for p, _ in pts])
+    times = np.array([s for _, s in pts])
+    out = []
+    for i, (p, s) in enumerate(pts):
+        dominating = np.all(coords >= coords[i], axis=1)
+        out.append((p, float(min(s, times[dominating].min()))))
+    return out
+
+
+WELL_TIMED_S = 20e-6  # kernels at least this long are timed well enough to bound the others
+
+
+class CostModel:
+    """Latency of a plan on the calibrated, quiet device."""
+
+    def __init__(self, calibration: Calibration) -> None:
+        self.calibration = calibration
+        self._interp = {f: build_interpolator(f, t) for f, t in calibration.tables.items()}
+        self._cache: dict[tuple[str, str, tuple[float, ...]], float] = {}
+        self.cache_bytes = int(calibration.fingerprint.get("llc_bytes", "0") or 0)
+        self.stream_bytes_per_s = calibration.stream_bytes_per_s  # 0 where unmeasured (GPU): no cold pricing
+
+    def table(self, k: Kernel) -> str:
+        """The calibration table that prices `k`."""
+        if k.family in COMPUTE_FAMILIES:
+            return k.family
+        op = ALIASES.get(k.op, k.op)
+        return op if op in self._interp else REPRESENTATIVE.get(k.family, "Transpose")
+
+    def kernel_seconds(self, k: Kernel) -> float:
+        """The kernel's own time, without dispatch overhead."""
+        if k.work <= 0:
+            return 0.0
+        key = (k.family, k.op, k.params)
+        hit = self._cache.get(key)
+        if hit is None:
+            table = self.table(k)
+            interp = self._interp[table]
+            # Below the grid a kernel is no faster than the smallest measured one: its fixed costs
+            # (threads, dispatch inside the op) do not shrink with the work.
+            floor = tuple(max(p, float(np.exp(a[0]))) for p, a in zip(k.params, interp.axes))
+            floor_work = work_of(table, floor) if floor != k.params else 0.0
+            hit = (interp(k.params), floor_work / math.exp(interp(floor)) if floor_work else 0.0)
+            self._cache[key] = hit
+        log_eff, floor_s = hit
+        return k.repeat * max(k.work / math.exp(log_eff), floor_s)
+
+    def seconds(self, plan: Plan) -> float:
+        cal = self.calibration
+        # Weights stay cached from one inference to the next only if they and the activations that
+        # stream past them (the live ones, written and read again) fit in the last-level cache.
+        footprint = plan.weight_bytes + 2 * plan.peak_activation_bytes
+        cold = self.cache_bytes > 0 and footprint > self.cache_bytes and self.stream_bytes_per_s > 0
+        total = cal.per_run_s + cal.per_kernel_s * len(plan.kernels)
+        for k in plan.kernels:
+            t = self.kernel_seconds(k)
+            if cold:  # the weights cannot stay cached between inferences: each kernel streams its own
+                t = max(t, k.repeat * weight_bytes(k) / self.stream_bytes_per_s)
+            total += t
+        return total
+
+
+def weight_bytes(k: Kernel) -> float:
+    """The float32 weights a compute kernel reads (0 where its operands are all activations)."""
+    if k.family in ("gemm", "conv", "conv1x1"):
+        return 4.0 * k.params[1] * k.params[2]
+    if k.family == "dwconv":
+        return 4.0 * k.params[0] * k.params[2]
+    return 0.0
+

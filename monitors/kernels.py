@@ -1,0 +1,95 @@
+"""Kernels: what onnxruntime actually dispatches, and the parameters that set their cost.
+
+A `Plan` is the list of kernels one inference runs; the cost model prices each
+kernel from the calibration table of its family. Families and their grid
+coordinates (all in log space when interpolated):
+
+- compute-bound, `work` = FLOPs:
+  - ``conv``     (M = N*Ho*Wo, K = Cin/groups*kh*kw, Co = Cout/groups), spatial kernels
+  - ``conv1x1``  (M, K = Cin/groups, Co = Cout/groups), pointwise kernels
+  - ``dwconv``   (C, M = N*Ho*Wo, taps = kh*kw), depthwise
+  - ``gemm``     (M, K, N): one operand is a weight (MatMul/Gemm against a constant)
+  - ``bmm``      (B, M, K, N): both operands are activations (attention scores, ...)
+- memory-bound, `work` = bytes read + written, coordinate (bytes,):
+  ``eltwise`` (cheap unary/binary), ``transcend`` (exp/erf/tanh/sigmoid/gelu...),
+  ``movement`` (transpose/concat/slice/gather/pad/resize/reorder...), ``reduce``,
+  ``softmax``, ``norm`` (layer/instance/group/RMS normalisation), ``pool``.
+- ``view``: Reshape, Squeeze, ...: onnxruntime re-labels memory where it can, and copies where it cannot.
+
+Memory-bound kernels are priced from their own op's calibration where it was
+measured (Add, Where, Softmax, LayerNormalization, Gelu, ...), else from their
+family's representative op (monitors/costmodel.py: REPRESENTATIVE).
+
+Every kernel also pays the per-kernel dispatch overhead; every run pays the
+per-run overhead. Both are calibrated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+COMPUTE_FAMILIES: tuple[str, ...] = ("conv", "conv1x1", "dwconv", "gemm", "bmm")
+MEMORY_FAMILIES: tuple[str, ...] = ("eltwise", "transcend", "movement", "reduce", "softmax", "norm", "pool")
+FAMILIES: tuple[str, ...] = COMPUTE_FAMILIES + MEMORY_FAMILIES + ("view",)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    family: str
+    params: tuple[float, ...]
+    work: float  # FLOPs for compute families, bytes moved for memory families
+    op: str = ""  # the ONNX op(s) it runs, for display and tests
+    repeat: int = 1  # identical kernels run back to back (grouped convolution's groups)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(float(p) for p in self.params))
+        object.__setattr__(self, "work", float(self.work))
+
+    def to_json(self) -> list:
+        return [self.family, list(self.params), self.work, self.op, self.repeat]
+
+    @classmethod
+    def from_json(cls, item: list) -> "Kernel":
+        family, params, work, op, repeat = item
+        if family not in FAMILIES:
+            raise ValueError(f"unknown kernel family {family!r}")
+        return cls(family, tuple(float(p) for p in params), float(work), str(op), int(repeat))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The kernels of one inference, plus what the device must hold to run them."""
+
+    kernels: tuple[Kernel, ...]
+    weight_bytes: int = 0
+    peak_activation_bytes: int = 0
+    flops: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.weight_bytes + self.peak_activation_bytes
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "kernels": [k.to_json() for k in self.kernels],
+                "weight_bytes": self.weight_bytes,
+                "peak_activation_bytes": self.peak_activation_bytes,
+                "flops": self.flops,
+                "notes": list(self.notes),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        return cls(
+            kernels=tuple(Kernel.from_json(k) for k in d["kernels"]),
+            weight_bytes=int(d["weight_bytes"]),
+            peak_activation_bytes=int(d["peak_activation_bytes"]),
+            flops=float(d["flops"]),
+            notes=tuple(d.get("notes", ())),
+        )

@@ -1,0 +1,4 @@
+"""Reads the device: sysfs signals, psutil, NVML and onnxruntime micro-benchmarks.
+
+Knows nothing about graphs or MQTT.
+"""

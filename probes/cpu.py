@@ -1,0 +1,211 @@
+"""CPU probe: load by others than this agent, PSI, steal time, current vs maximum clocks.
+
+Load comes from /proc/stat deltas between two samples (psutil.cpu_percent's
+first call says 0.0, which would be a made-up reading); this process's own
+CPU time is subtracted so that the agent's own estimates and warm refreshes
+do not look like contention.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from probes.sysfs import KernelFiles, parse_float, take
+
+STATIC_TTL_S = 60.0
+LIMIT_TTL_S = 5.0
+RUNNABLE_TAU_S = 1.5
+RUNNABLE_RISE_TAU_S = 1.0
+_STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Aggregate /proc/stat CPU times, in USER_HZ ticks summed over CPUs."""
+
+    busy: int
+    idle: int
+    steal: int
+    cores: int
+    running: int | None = None  # procs_running: tasks on or waiting for a CPU right now (the reader included)
+
+    @property
+    def total(self) -> int:
+        return self.busy + self.idle + self.steal
+
+
+@dataclass(frozen=True)
+class CpuState:
+    cores: int | None  # online CPUs
+    load: float | None  # share of all cores kept busy by others than this process, 0..1
+    busy_cores: float | None  # cores busy with anything
+    others_busy_cores: float | None  # cores busy with others than this process
+    own_cores: float | None  # cores used by this process
+    # Tasks of others that want a CPU (running or waiting), smoothed over ~RUNNABLE_TAU_S. Unlike busy
+    # cores this does not saturate at the core count: it tells 2 busy processes on 2 cores from 6.
+    runnable_others: float | None
+    steal: float | None  # share of CPU time taken by the hypervisor, 0..1
+    psi_some_avg10: float | None  # % of the last 10 s some runnable task waited for a CPU
+    cur_mhz: float | None  # mean current clock over cpufreq policies
+    max_mhz: float | None  # mean hardware maximum clock
+    limit_mhz: float | None  # mean scaling_max_freq (a cap set by software or firmware)
+    interval_s: float | None  # the window the load was measured over
+    stale: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def clock_ratio(self) -> float | None:
+        """Current over maximum clock, 0..1 (low at idle: only meaningful under load or capping)."""
+        if self.cur_mhz is None or not self.max_mhz:
+            return None
+        return self.cur_mhz / self.max_mhz
+
+
+def parse_proc_stat(text: str) -> CpuTimes | None:
+    """The aggregate `cpu` line and the number of `cpuN` lines; None for garbage."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("cpu "):
+        return None
+    try:
+        values = [int(v) for v in lines[0].split()[1:]]
+    except ValueError:
+        return None
+    if len(values) < 4 or min(values) < 0:
+        return None
+    values += [0] * (8 - len(values))
+    user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+    cores = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
+    if cores == 0:
+        return None
+    running = None
+    for line in lines[cores + 1:]:
+        if line.startswith("procs_running "):
+            value = line.split()[1]
+            running = int(value) if value.isdigit() else None
+            break
+    return CpuTimes(busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal, cores=cores,
+                    running=running)
+
+
+def parse_psi_some_avg10(text: str) -> float | None:
+    """`some avg10=2.91 avg60=...` -> 2.91."""
+    for line in text.splitlines():
+        if line.startswith("some "):
+            for part in line.split()[1:]:
+                key, _, value = part.partition("=")
+                if key == "avg10":
+                    number = parse_float(value)
+                    return number if number is not None and 0.0 <= number <= 100.0 else None
+    return None
+
+
+def _parse_khz(text: str) -> float | None:
+    value = parse_float(text)
+    return value / 1000.0 if value is not None and 0 < value < 1e8 else None
+
+
+class CpuProbe:
+    CPUFREQ = "devices/system/cpu/cpufreq"
+
+    def __init__(
+        self,
+        sys_files: KernelFiles,
+        proc_files: KernelFiles,
+        own_process: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        own_cpu: Callable[[], float] = time.process_time,
+    ) -> None:
+        """`own_process`: subtract this process's CPU time (only meaningful when reading the real /proc)."""
+        self.sys = sys_files
+        self.proc = proc_files
+        self.own_process = own_process
+        self.clock = clock
+        self.own_cpu = own_cpu
+        self._ticks_per_s = os.sysconf("SC_CLK_TCK")
+        self._prev: tuple[CpuTimes, float, float] | None = None  # times, wall, own cpu
+        self._runnable: tuple[float, float] | None = None  # smoothed runnable others, at
+
+    def sample(self) -> CpuState:
+        stale: dict[str, float] = {}
+        times = self.proc.read("stat", parse_proc_stat, max_bytes=_STAT_BYTES).value
+        now, own = self.clock(), self.own_cpu()
+        busy_cores = others = own_cores = steal = load = interval = None
+        if times is not None:
+            prev = self._prev
+            self._prev = (times, now, own)
+            if prev is not None:
+                before, then, own_before = prev
+                d_total = times.total - before.total
+                d_busy, d_steal = times.busy - before.busy, times.steal - before.steal
+                if d_total > 0 and d_busy >= 0 and d_steal >= 0 and times.cores == before.cores:
+                    interval = now - then
+                    busy_cores = times.cores * d_busy / d_total
+                    steal = d_steal / d_total
+                    own_cores = 0.0
+                    if self.own_process:
+                        capacity_s = d_total / self._ticks_per_s
+                        own_cores = min(busy_cores, times.cores * (own - own_before) / capacity_s)
+                    others = max(0.0, busy_cores - own_cores)
+                    load = others / times.cores
+        runnable = self._smooth_runnable(times, now)
+        psi = take(self.proc.read("pressure/cpu", parse_psi_some_avg10), "cpu.psi_some_avg10", stale)
+        cur, top, limit = self._clocks(stale)
+        return CpuState(
+            cores=times.cores if times is not None else None,
+            load=_round(load),
+            busy_cores=_round(busy_cores),
+            others_busy_cores=_round(others),
+            own_cores=_round(own_cores),
+            runnable_others=_round(runnable),
+            steal=_round(steal),
+            psi_some_avg10=psi,
+            cur_mhz=cur,
+            max_mhz=top,
+            limit_mhz=limit,
+            interval_s=_round(interval),
+            stale=stale,
+        )
+
+    def _smooth_runnable(self, times: CpuTimes | None, now: float) -> float | None:
+        """Exponential average of procs_running minus the reading thread itself.
+
+        It rises fast (RUNNABLE_RISE_TAU_S) and falls slowly (RUNNABLE_TAU_S): new load is believed
+        within a sample or two, so a monitor hears of a slowdown promptly, while a single quiet
+        snapshot in the middle of load does not clear it."""
+        if times is None or times.running is None:
+            return self._runnable[0] if self._runnable else None
+        value = max(0.0, float(times.running - 1))
+        if self._runnable is None:
+            self._runnable = (value, now)
+        else:
+            prev, then = self._runnable
+            tau = RUNNABLE_RISE_TAU_S if value > prev else RUNNABLE_TAU_S
+            alpha = 1.0 - math.exp(-max(0.0, now - then) / tau)
+            self._runnable = (prev + alpha * (value - prev), now)
+        return self._runnable[0]
+
+    def _clocks(self, stale: dict[str, float]) -> tuple[float | None, float | None, float | None]:
+        curs, maxes, limits = [], [], []
+        for policy in self.sys.listdir(self.CPUFREQ, "policy"):
+            base = f"{self.CPUFREQ}/{policy}"
+            top = self.sys.read(f"{base}/cpuinfo_max_freq", _parse_khz, STATIC_TTL_S).value
+            cur = take(self.sys.read(f"{base}/scaling_cur_freq", _parse_khz), f"cpu.cur_mhz.{policy}", stale)
+            limit = self.sys.read(f"{base}/scaling_max_freq", _parse_khz, LIMIT_TTL_S).value
+            if top is not None:
+                maxes.append(top)
+                if cur is not None:
+                    curs.append(min(cur, top * 1.5))  # boost clocks can exceed the nominal max a little
+                if limit is not None:
+                    limits.append(min(limit, top))
+
+        def mean(values: list[float]) -> float | None:
+            return round(sum(values) / len(values), 1) if values else None
+
+        return mean(curs), mean(maxes), mean(limits)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,535 @@
+"""Cold calibration: micro-benchmarks through onnxruntime over log-spaced grids, per kernel family.
+
+Many grid points share one session: each is an independent node with its own
+input, and onnxruntime's profiler reports every kernel's own time, so one
+session run measures a whole slice of a grid and session creation is paid a
+few times per family, not once per point. Points whose work would take too
+long are skipped; the cost model extrapolates to them (monitors/costmodel.py).
+Per-kernel dispatch and per-run overheads are measured with chains of tiny
+kernels timed by the wall clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from monitors.calibration import FORMAT_VERSION, Calibration, FamilyTable
+from monitors.costmodel import work_of
+
+OPSET = 17
+IR_VERSION = 9
+Progress = Callable[[str, int, int], None]  # (label, done, total)
+
+
+@dataclass(frozen=True)
+class Grid:
+    family: str
+    axes: tuple[tuple[float, ...], ...]
+    max_work: float  # skip points beyond this much work (FLOPs or bytes)
+
+
+def grids(quick: bool) -> list[Grid]:
+    """The calibration grids; `quick` keeps the corners and every other point."""
+    hw = (2, 4, 7, 14, 28, 56, 112)
+    g = [
+        Grid("conv", (tuple(x * x for x in hw), (27.0, 144.0, 576.0, 2304.0), (16.0, 64.0, 256.0, 512.0)), 1.6e9),
+        Grid("conv1x1", (tuple(x * x for x in hw), (16.0, 64.0, 256.0, 1024.0), (16.0, 64.0, 256.0, 1024.0)), 1.6e9),
+        Grid("dwconv", ((16.0, 64.0, 256.0, 1024.0), tuple(x * x for x in hw), (9.0, 25.0)), 1e9),
+        Grid("gemm", ((1.0, 8.0, 64.0, 512.0, 4096.0), (64.0, 256.0, 1024.0, 4096.0), (64.0, 256.0, 1024.0, 4096.0)),
+             4.5e9),
+        Grid("bmm", ((1.0, 8.0, 64.0), (1.0, 32.0, 256.0, 1024.0), (32.0, 128.0, 512.0), (32.0, 128.0, 512.0)), 1e9),
+    ]
+    sizes = tuple(float(2 ** k) for k in range(8, 27, 2))  # 256 B .. 64 MiB moved
+    for op in MEMORY_OPS:
+        g.append(Grid(op, (sizes,), 2 ** 27))
+    if quick:  # every other point, and no point of more than a third of the full grid's largest work
+        g = [Grid(x.family, tuple(_thin(a) for a in x.axes), x.max_work / 3) for x in g]
+    return g
+
+
+def _thin(axis: tuple[float, ...]) -> tuple[float, ...]:
+    if len(axis) <= 3:
+        return axis
+    kept = axis[::2]
+    return kept if kept[-1] == axis[-1] else kept + (axis[-1],)
+
+
+# --- one node per grid point ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Point:
+    nodes: list[onnx.NodeProto]
+    inputs: list[onnx.ValueInfoProto]
+    inits: list[onnx.TensorProto]
+    output: str  # the timed kernel's output; its profile entry is "<output>[_nchwc]_kernel_time"
+
+
+def _rand(shape: Iterable[int], name: str, rng: np.random.Generator) -> onnx.TensorProto:
+    return numpy_helper.from_array((rng.standard_normal(tuple(shape), dtype=np.float32) * 0.05), name)
+
+
+def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator) -> _Point:
+    f32 = TensorProto.FLOAT
+    x, y, w = f"x_{tag}", f"y_{tag}", f"w_{tag}"
+    if family in ("conv", "conv1x1"):
+        side = int(round(math.sqrt(p[0])))
+        taps = 1 if family == "conv1x1" else 9
+        cin, cout = int(p[1]) // taps, int(p[2])
+        pad = 0 if taps == 1 else 1
+        k = 1 if taps == 1 else 3
+        return _Point([helper.make_node("Conv", [x, w], [y], name=y, pads=[pad] * 4)],
+                      [helper.make_tensor_value_info(x, f32, [1, cin, side, side])],
+                      [_rand((cout, cin, k, k), w, rng)], y)
+    if family == "dwconv":
+        c, side, k = int(p[0]), int(round(math.sqrt(p[1]))), int(round(math.sqrt(p[2])))
+        return _Point([helper.make_node("Conv", [x, w], [y], name=y, group=c, pads=[k // 2] * 4)],
+                      [helper.make_tensor_value_info(x, f32, [1, c, side, side])],
+                      [_rand((c, 1, k, k), w, rng)], y)
+    if family == "gemm":
+        m, k, n = (int(v) for v in p)
+        return _Point([helper.make_node("MatMul", [x, w], [y], name=y)],
+                      [helper.make_tensor_value_info(x, f32, [m, k])], [_rand((k, n), w, rng)], y)
+    if family == "bmm":
+        b, m, k, n = (int(v) for v in p)
+        return _Point([helper.make_node("MatMul", [x, w], [y], name=y)],
+                      [helper.make_tensor_value_info(x, f32, [b, m, k]),
+                       helper.make_tensor_value_info(w, f32, [b, k, n])], [], y)
+    return MEMORY_OPS[family](p[0], x, y, tag, rng)
+
+
+def _rows(elements: float, width: int = 256) -> list[int]:
+    """A [rows, width] shape of about `elements` numbers (narrower rows for the smallest sizes)."""
+    n = max(int(elements), 8)
+    width = min(width, n)
+    return [max(n // width, 1), width]
+
+
+def _unary(op: str, domain: str = "", **attrs) -> Callable:
+    """x -> op(x): one tensor read, one written; rows of 256 for ops that work along the last axis."""
+    def build(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+        return _Point([helper.make_node(op, [x], [y], name=y, domain=domain, **attrs)],
+                      [helper.make_tensor_value_info(x, TensorProto.FLOAT, _rows(nbytes / 8))], [], y)
+    return build
+
+
+def _binary(op: str) -> Callable:
+    def build(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+        w = f"w_{tag}"
+        shape = _rows(nbytes / 12)
+        return _Point([helper.make_node(op, [x, w], [y], name=y)],
+                      [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape),
+                       helper.make_tensor_value_info(w, TensorProto.FLOAT, shape)], [], y)
+    return build
+
+
+def _where(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """The attention-mask select: a bool condition and scores in, scores out (9 bytes an element)."""
+    c, fill = f"c_{tag}", f"f_{tag}"
+    shape = _rows(nbytes / 9)
+    return _Point([helper.make_node("Where", [c, x, fill], [y], name=y)],
+                  [helper.make_tensor_value_info(c, TensorProto.BOOL, shape),
+                   helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
+                  [numpy_helper.from_array(np.array(-1e4, np.float32), fill)], y)
+
+
+def _with_params(op: str, count: int, domain: str = "", **attrs) -> Callable:
+    """x plus `count` per-channel constants (LayerNormalization's scale and bias, BiasGelu's bias)."""
+    def build(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+        shape = _rows(nbytes / 8)
+        params = [f"p{i}_{tag}" for i in range(count)]
+        return _Point([helper.make_node(op, [x, *params], [y], name=y, domain=domain, **attrs)],
+                      [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
+                      [_rand((shape[1],), q, rng) for q in params], y)
+    return build
+
+
+def _transpose(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """The attention-style head transpose (0, 2, 1, 3) of a [1, s, 16, 64] tensor."""
+    rows, width = _rows(nbytes / 8, 1024)
+    heads = max(width // 64, 1)
+    return _Point([helper.make_node("Transpose", [x], [y], name=y, perm=[0, 2, 1, 3])],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, rows, heads, width // heads])], [], y)
+
+
+def _concat(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    rows, width = _rows(nbytes / 16, 1024)
+    w = f"w_{tag}"
+    shape = [1, max(width // 32, 1), rows, min(width, 32)]
+    return _Point([helper.make_node("Concat", [x, w], [y], name=y, axis=1)],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape),
+                   helper.make_tensor_value_info(w, TensorProto.FLOAT, shape)], [], y)
+
+
+def _reshape(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    s = f"s_{tag}"
+    rows, width = _rows(nbytes / 8)
+    return _Point([helper.make_node("Reshape", [x, s], [y], name=y)],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [rows, width])],
+                  [numpy_helper.from_array(np.array([-1, width], np.int64), s)], y)
+
+
+def _image_op(op: str, channels: int = 64, out_ratio: float = 1.0, **attrs) -> Callable:
+    """Ops over [1, C, H, W] images; `out_ratio` is output bytes over input bytes."""
+    def build(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+        n = max(int(nbytes / (4 * (1 + out_ratio))), 16)
+        chans = min(channels, max(n // 16, 1))
+        side = max(int(math.sqrt(n / chans)), 2)
+        extra, inits = [], []
+        if op == "Resize":
+            sc = f"s_{tag}"
+            extra = ["", sc]
+            inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), sc)]
+        return _Point([helper.make_node(op, [x, *extra], [y], name=y, **attrs)],
+                      [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, chans, side, side])], inits, y)
+    return build
+
+
+MS = "com.microsoft"
+# Memory-bound ops calibrated one by one, by bytes moved (non-constant inputs read + outputs written).
+MEMORY_OPS: dict[str, Callable[..., _Point]] = {
+    "Add": _binary("Add"), "Mul": _binary("Mul"), "Where": _where,
+    "Relu": _unary("Relu"), "Sigmoid": _unary("Sigmoid"), "Tanh": _unary("Tanh"), "Erf": _unary("Erf"),
+    "Gelu": _unary("Gelu", MS), "FastGelu": _unary("FastGelu", MS), "QuickGelu": _unary("QuickGelu", MS),
+    "BiasGelu": _with_params("BiasGelu", 1, MS),
+    "Softmax": _unary("Softmax", axis=-1), "LayerNormalization": _with_params("LayerNormalization", 2, axis=-1),
+    "ReduceMean": _unary("ReduceMean", axes=[-1], keepdims=1),
+    "Transpose": _transpose, "Concat": _concat, "Reshape": _reshape,
+    "MaxPool": _image_op("MaxPool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    "AveragePool": _image_op("AveragePool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    "GlobalAveragePool": _image_op("GlobalAveragePool", out_ratio=0.0),
+    "Resize": _image_op("Resize", out_ratio=4.0, mode="nearest"),
+    "LRN": _image_op("LRN", size=5),
+}
+
+
+def _model(points: list[_Point]) -> onnx.ModelProto:
+    nodes = [n for p in points for n in p.nodes]
+    g = helper.make_graph(nodes, "calibration", [i for p in points for i in p.inputs],
+                          [helper.make_tensor_value_info(p.output, TensorProto.FLOAT, None) for p in points],
+                          [t for p in points for t in p.inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)])
+    m.ir_version = IR_VERSION
+    return m
+
+
+def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {i.name: (rng.random(tuple(i.shape)) < 0.5 if i.type == "tensor(bool)"
+                     else rng.standard_normal(tuple(i.shape), dtype=np.float32)) for i in session.get_inputs()}
+
+
+def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: list[str],
+             rng: np.random.Generator, bias: float = 0.0) -> dict[str, float]:
+    """Median kernel time (seconds) of each timed output's kernel, from onnxruntime's profiler."""
+    with tempfile.TemporaryDirectory(prefix="daop-cal-") as tmp:
+        so = ort.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "prof")
+        so.log_severity_level = 3
+        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+        feeds = _feeds(session, rng)
+        for _ in range(runs + 1):
+            session.run(None, feeds)
+        events = json.load(open(session.end_profiling()))
+    times: dict[str, list[float]] = {o: [] for o in outputs}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        key = name[: -len("_kernel_time")].removesuffix("_nchwc")
+        if key in times:
+            times[key].append(e["dur"] * 1e-6)
+    # The first run warms caches and the allocator: drop it. Of the rest, take the fastest: other
+    # processes only ever add time (a parallel kernel whose second thread is descheduled waits a whole
+    # time slice), so the minimum is the steadiest view of the device at rest.
+    # The profiler's own cost per timed kernel (`bias`) is taken off, but never more than most of a
+    # reading: a small kernel reads about as much as the bias, and what it really costs is not zero.
+    best = {k: float(min(v[1:] if len(v) > 1 else v)) for k, v in times.items() if v}
+    return {k: max(t - bias, 0.3 * t, 1e-8) for k, t in best.items()}
+
+
+def profiler_bias(providers: list[str], rng: np.random.Generator, length: int = 64) -> float:
+    """What onnxruntime's profiler adds to each kernel it times: its reading of kernels that cost nearly nothing."""
+    model = _chain_model(length)
+    outs = [f"t{i + 1}" for i in range(length)]
+    times = _profile(model, outs, 5, providers, rng)
+    return float(np.median(list(times.values())))
+
+
+def _gpu_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dict[str, float]:
+    """Per-point wall-clock time on the CUDA provider, inputs and outputs in device memory.
+
+    onnxruntime's profiler times a CUDA kernel's launch, not its run, so each
+    point gets a session of its own, timed around a synchronised run with
+    IOBinding (no host copies), less the time of an empty such run.
+    """
+    def timed(model: onnx.ModelProto) -> float:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        s = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+        io = s.io_binding()
+        for name, value in _feeds(s, rng).items():
+            io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+        for out in s.get_outputs():
+            io.bind_output(out.name, "cuda")
+        samples = []
+        for i in range(runs + 2):
+            t0 = time.perf_counter()
+            s.run_with_iobinding(io)
+            io.synchronize_outputs()
+            if i >= 2:
+                samples.append(time.perf_counter() - t0)
+        return min(samples)
+
+    empty = timed(_chain_model(1))
+    return {p.output: max(timed(_model([p])) - empty, 1e-7) for p in points}
+
+
+def _chain_model(length: int, size: int = 16) -> onnx.ModelProto:
+    """A chain of `length` Relu kernels over `size` numbers (16: kernels that are nothing but dispatch)."""
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"t{i + 1}") for i in range(length)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [size])],
+                          [helper.make_tensor_value_info(f"t{length}", TensorProto.FLOAT, [size])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = IR_VERSION
+    return m
+
+
+def _chain_time(length: int, providers: list[str], rng: np.random.Generator, reps: int, size: int = 16) -> float:
+    """Wall-clock low quantile of one run of a chain of `length` kernels over `size` numbers."""
+    m = _chain_model(length, size)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=providers)
+    feed = {"t0": rng.standard_normal(size).astype(np.float32)}
+    for _ in range(20):
+        s.run(None, feed)
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        s.run(None, feed)
+        samples.append(time.perf_counter() - t0)
+    return float(np.quantile(samples, 0.1))
+
+
+def measure_overheads(providers: list[str], rng: np.random.Generator, reps: int = 200,
+                      bias: float = 0.0) -> tuple[float, float]:
+    """(per-kernel, per-run) overheads in seconds: what a run costs beyond its kernels' own times.
+
+    The per-run cost comes from chains of kernels that do nothing; the per-kernel
+    cost from a chain of kernels big enough to run on the thread pool, whose
+    wall-clock time per kernel is compared with the profiler's time for each.
+    """
+    short, long_ = 2, 102
+    t_short = _chain_time(short, providers, rng, reps)
+    t_long = _chain_time(long_, providers, rng, max(reps // 4, 30))
+    tiny = max((t_long - t_short) / (long_ - short), 0.0)
+    per_run = max(t_short - short * tiny, 0.0)
+    size, few, many = 65536, 4, 36
+    slope = (_chain_time(many, providers, rng, max(reps // 4, 30), size)
+             - _chain_time(few, providers, rng, max(reps // 4, 30), size)) / (many - few)
+    kernel = float(np.median(list(_profile(_chain_model(many, size), [f"t{i + 1}" for i in range(many)], 5,
+                                           providers, rng, bias).values())))
+    return max(slope - kernel, tiny), per_run
+
+
+def measure_streaming(providers: list[str], rng: np.random.Generator, bias: float = 0.0, runs: int = 5) -> float:
+    """Bytes per second at which matrix-vector products read weights that cannot stay cached: distinct
+    64 MiB weight matrices, four times the last-level cache in all (at least four of them)."""
+    k = n = 4096
+    count = max(4, -(-4 * last_level_cache_bytes() // (4 * k * n)))
+    points = [_point("gemm", (1.0, float(k), float(n)), f"stream{i}", rng) for i in range(min(count, 8))]
+    times = _profile(_model(points), [p.output for p in points], runs, providers, rng, bias)
+    return 4.0 * k * n * len(times) / sum(times.values()) if times else 0.0
+
+
+def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | None = None,
+              seed: int = 0) -> Calibration:
+    """Run the micro-benchmarks and return the calibration for `device` ('cpu' or 'gpu')."""
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "gpu" else ["CPUExecutionProvider"]
+    rng = np.random.default_rng(seed)
+    started = time.perf_counter()
+    plan: list[tuple[Grid, list[tuple[float, ...]]]] = []
+    for grid in grids(quick):
+        pts = [p for p in itertools.product(*grid.axes) if work_of(grid.family, p) <= grid.max_work
+               and _feasible(grid.family, p)]
+        plan.append((grid, pts))
+    total = sum(len(p) for _, p in plan) + 1
+    done = 0.0
+    tables: dict[str, FamilyTable] = {}
+    runs = 3 if quick else 5
+    # Tensors per calibration session: within the last-level cache, so that a point's operands are as
+    # warm as a model's are from one inference to the next (weights beyond the cache: costmodel.py).
+    budget_bytes = max(min(96 * 2 ** 20, last_level_cache_bytes() // 2), 4 * 2 ** 20)
+    bias = profiler_bias(providers, rng) if device == "cpu" else 0.0
+    for grid, pts in plan:
+        measured: dict[tuple[float, ...], float] = {}
+        # The grid (twice in full calibration: a whole session can be disturbed), then up to two passes
+        # over the points that still look disturbed; each point keeps its fastest time.
+        grid_passes = 1 if quick else 2
+        for attempt in range(grid_passes + 2):
+            todo = pts if attempt < grid_passes else _disturbed(grid, measured)
+            for batch in _batches(grid.family, todo, budget_bytes):
+                built = [_point(grid.family, p, f"{grid.family}{i}", rng) for i, p in enumerate(batch)]
+                if device == "gpu":
+                    times = _gpu_times(built, runs, rng)
+                else:
+                    times = _profile(_model(built), [b.output for b in built], runs, providers, rng, bias)
+                for p, b in zip(batch, built):
+                    if times.get(b.output, 0) > 0:
+                        measured[p] = min(times[b.output], measured.get(p, math.inf))
+                if attempt < grid_passes:
+                    done += len(batch) / grid_passes
+                    if progress:
+                        progress(grid.family, round(done), total)
+        tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
+    per_kernel, per_run = measure_overheads(providers, rng, reps=100 if quick else 300, bias=bias)
+    stream = measure_streaming(providers, rng, bias, runs=2 if quick else 5) if device == "cpu" else 0.0
+    done += 1
+    if progress:
+        progress("overhead", done, total)
+    return Calibration(
+        fingerprint=fingerprint(device),
+        tables=tables,
+        per_kernel_s=per_kernel,
+        per_run_s=per_run,
+        quick=quick,
+        seconds=time.perf_counter() - started,
+        created=time.time(),
+        refresh_reference={},
+        stream_bytes_per_s=stream,
+    )
+
+
+def _disturbed(grid: Grid, measured: dict[tuple[float, ...], float]) -> list[tuple[float, ...]]:
+    """Points much less efficient than their grid neighbours: most likely disturbed while measured
+    (another process, a page fault storm), so worth measuring again. A real cliff (out of the
+    cache) measures the same again and stays."""
+    index = {p: tuple(axis.index(v) for axis, v in zip(grid.axes, p)) for p in measured}
+    at = {i: p for p, i in index.items()}
+    eff = {p: work_of(grid.family, p) / t for p, t in measured.items()}
+    suspects = []
+    for p, i in index.items():
+        near = [eff[at[j]] for d in range(len(i)) for step in (-1, 1)
+                if (j := i[:d] + (i[d] + step,) + i[d + 1:]) in at]
+        if near and eff[p] < 0.6 * float(np.median(near)):
+            suspects.append(p)
+    return suspects
+
+
+def _feasible(family: str, p: tuple[float, ...]) -> bool:
+    """Weight matrices up to 64 MiB: larger ones are priced by the streaming rate."""
+    return family != "gemm" or p[1] * p[2] * 4 <= 64 * 2 ** 20
+
+
+def _point_bytes(family: str, p: tuple[float, ...]) -> float:
+    if family in ("conv", "conv1x1"):
+        taps = 1 if family == "conv1x1" else 9
+        return 4.0 * (p[0] * (p[1] / taps + p[2]) + p[1] * p[2])
+    if family == "dwconv":
+        return 8.0 * p[0] * p[1]
+    if family == "gemm":
+        return 4.0 * (p[0] * p[1] + p[1] * p[2] + p[0] * p[2])
+    if family == "bmm":
+        return 4.0 * p[0] * (p[1] * p[2] + p[2] * p[3] + p[1] * p[3])
+    return 2.0 * p[0]
+
+
+def _batches(family: str, pts: list[tuple[float, ...]], budget: float) -> Iterable[list[tuple[float, ...]]]:
+    batch: list[tuple[float, ...]] = []
+    used = 0.0
+    for p in pts:
+        b = _point_bytes(family, p)
+        if batch and (used + b > budget or len(batch) >= 32):
+            yield batch
+            batch, used = [], 0.0
+        batch.append(p)
+        used += b
+    if batch:
+        yield batch
+
+
+def fingerprint(device: str) -> dict[str, str]:
+    """What a calibration depends on: a change in any of these means calibrating again."""
+    return {
+        "device": device,
+        "cpu_model": cpu_model(),
+        "cores": str(os.cpu_count() or 0),
+        "onnxruntime": ort.__version__,
+        "format": str(FORMAT_VERSION),
+        "machine": platform.machine(),
+        "nchwc_block": str(nchwc_block() if device == "cpu" else 0),
+        "llc_bytes": str(last_level_cache_bytes()),
+        **({"gpu_model": gpu_model()} if device == "gpu" else {}),
+    }
+
+
+def gpu_model() -> str:
+    """The first GPU's name from NVML ('' where NVML cannot tell): a new GPU means a new calibration."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+            return name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library, no device: nothing to name
+        return ""
+
+
+def last_level_cache_bytes(sysfs_root: str = "/sys") -> int:
+    """The largest CPU cache (0 when sysfs does not say): weights beyond it stream from memory."""
+    best = 0
+    base = os.path.join(sysfs_root, "devices/system/cpu/cpu0/cache")
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(os.path.join(base, entry, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
+
+
+def nchwc_block() -> int:
+    """The channel block of onnxruntime's NCHWc convolutions on this CPU (0: none, as on ARM)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return 0
+    return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

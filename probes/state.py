@@ -1,0 +1,177 @@
+"""DeviceState: one snapshot of every probe, and the Sampler that takes it.
+
+The Sampler is synchronous (NVML init can take seconds, a battery read can
+ask the embedded controller): the agent calls `sample()` in a thread. CPU
+load is a delta between two samples, so the first sample of a Sampler has
+no load; the one-shot CLI samples twice, 0.2 s apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.cpu import CpuProbe, CpuState
+from probes.gpu import GpuProbe, GpuState
+from probes.memory import MemoryProbe, MemoryState
+from probes.power_mode import PowerModeProbe, PowerModeState, PpdWatcher
+from probes.power_supply import PowerSupplyProbe, PowerSupplyState
+from probes.sysfs import KernelFiles
+from probes.thermal import ThermalState, ThermalProbe
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    thermal: ThermalState
+    battery: PowerSupplyState
+    power: PowerModeState
+    cpu: CpuState
+    memory: MemoryState
+    gpus: tuple[GpuState, ...] = ()
+    notes: tuple[str, ...] = ()  # what could not be seen, and why (local only)
+    taken_at: float = field(default_factory=time.time)  # wall clock, seconds since the epoch
+
+    @property
+    def power_mode(self) -> str | None:
+        return self.power.power_mode
+
+    @property
+    def stale(self) -> dict[str, float]:
+        """Every value that is a last good one rather than fresh, with its age in seconds."""
+        ages: dict[str, float] = {}
+        for part in (self.thermal, self.battery, self.power, self.cpu, self.memory):
+            ages.update(part.stale)
+        for gpu in self.gpus:
+            ages.update({f"gpus.{gpu.index}.{k}": v for k, v in gpu.stale.items()})
+        return ages
+
+    def to_json(self) -> dict[str, Any]:
+        """The `daop-agent state --json` object: the contract's fields first, then the details."""
+        t, b, p, c, m = self.thermal, self.battery, self.power, self.cpu, self.memory
+        return {
+            "thermal": {
+                "max_temp_c": t.max_temp_c,
+                "throttling": t.throttling,
+                "cpu_throttling": t.cpu_throttling,
+                "source": t.source,
+                "throttle_count": t.throttle_count,
+                "throttle_events": t.throttle_events,
+                "zones": [
+                    {"name": z.name, "type": z.type, "temp_c": z.temp_c, "passive_c": z.passive_c,
+                     "throttling": z.throttling, "trips": z.trips}
+                    for z in t.zones
+                ],
+                "cooling": [dataclasses.asdict(cd) for cd in t.cooling],
+            },
+            "battery": {
+                "present": b.present,
+                "percent": b.percent,
+                "plugged": b.plugged,
+                "charging": b.charging,
+                "batteries": [{"name": x.name, "percent": x.percent, "status": x.status} for x in b.batteries],
+                "adapters": [dataclasses.asdict(a) for a in b.adapters],
+            },
+            "power_mode": p.power_mode,
+            "power": {
+                "platform_profile": p.platform_profile,
+                "platform_profile_choices": list(p.platform_profile_choices),
+                "ppd_profile": p.ppd_profile,
+                "ppd_degraded": p.ppd_degraded,
+                "governor": p.governor,
+                "epp": p.epp,
+            },
+            "cpu": {
+                "load": c.load,
+                "cores": c.cores,
+                "busy_cores": c.busy_cores,
+                "others_busy_cores": c.others_busy_cores,
+                "own_cores": c.own_cores,
+                "runnable_others": c.runnable_others,
+                "steal": c.steal,
+                "psi_some_avg10": c.psi_some_avg10,
+                "cur_mhz": c.cur_mhz,
+                "max_mhz": c.max_mhz,
+                "limit_mhz": c.limit_mhz,
+                "clock_ratio": None if c.clock_ratio is None else round(c.clock_ratio, 3),
+                "interval_s": c.interval_s,
+            },
+            "memory": {
+                "total_bytes": m.total_bytes,
+                "available_bytes": m.available_bytes,
+                "psi_some_avg10": m.psi_some_avg10,
+            },
+            "gpus": [
+                {
+                    "index": g.index, "name": g.name, "util_percent": g.util_percent,
+                    "memory_util_percent": g.memory_util_percent, "memory_total_bytes": g.memory_total_bytes,
+                    "memory_used_bytes": g.memory_used_bytes, "memory_free_bytes": g.memory_free_bytes,
+                    "temp_c": g.temp_c, "power_w": g.power_w, "power_limit_w": g.power_limit_w,
+                    "sm_clock_mhz": g.sm_clock_mhz, "sm_clock_max_mhz": g.sm_clock_max_mhz,
+                    "event_reasons": g.event_reasons, "thermal_throttling": g.thermal_throttling,
+                    "power_capping": g.power_capping, "hw_slowdown": g.hw_slowdown,
+                }
+                for g in self.gpus
+            ],
+            "stale": self.stale,
+            "notes": list(self.notes),
+            "taken_at": round(self.taken_at, 3),
+        }
+
+
+class Sampler:
+    """Reads every probe; one instance per agent (it keeps deltas and last good values between ticks).
+
+    `nvml`: a pynvml-like module (tests pass a stand-in); None imports pynvml
+    when this is the real device, and skips GPUs on a fixture tree unless
+    `gpus=True`. power-profiles-daemon is asked only on the real device.
+    """
+
+    def __init__(
+        self,
+        sysfs_root: str | os.PathLike[str] = "/sys",
+        procfs_root: str | os.PathLike[str] = "/proc",
+        nvml: Any | None = None,
+        *,
+        gpus: bool | None = None,
+        ppd: bool | None = None,
+        stale_after_s: float = 60.0,
+    ) -> None:
+        real_sys = os.path.realpath(sysfs_root) == "/sys"
+        real_proc = os.path.realpath(procfs_root) == "/proc"
+        self.sys_files = KernelFiles(sysfs_root, stale_after_s=stale_after_s)
+        self.proc_files = KernelFiles(procfs_root, stale_after_s=stale_after_s)
+        self.ppd = PpdWatcher() if (real_sys if ppd is None else ppd) else None
+        self.thermal = ThermalProbe(self.sys_files)
+        self.power_supply = PowerSupplyProbe(self.sys_files)
+        self.power_mode = PowerModeProbe(self.sys_files, self.ppd)
+        self.cpu = CpuProbe(self.sys_files, self.proc_files, own_process=real_proc)
+        self.memory = MemoryProbe(self.proc_files)
+        use_gpus = (nvml is not None or real_sys) if gpus is None else gpus
+        self.gpu = GpuProbe(nvml, stale_after_s=stale_after_s) if use_gpus else None
+
+    def sample(self) -> DeviceState:
+        notes: list[str] = []
+        gpus: tuple[GpuState, ...] = ()
+        if self.gpu is not None:
+            report = self.gpu.sample()
+            gpus = report.gpus
+            if report.note:
+                notes.append(report.note)
+        if not os.path.isdir(self.sys_files.path("class")):
+            notes.append(f"sysfs: nothing at {self.sys_files.root}")
+        return DeviceState(
+            thermal=self.thermal.sample(),
+            battery=self.power_supply.sample(),
+            power=self.power_mode.sample(),
+            cpu=self.cpu.sample(),
+            memory=self.memory.sample(),
+            gpus=gpus,
+            notes=tuple(notes),
+        )
+
+    def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()

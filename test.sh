@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (first time only) and run the test suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")"
+scripts/bootstrap.sh test
+scripts/ensure-mosquitto.sh
+exec .venv/bin/python -m pytest "$@"

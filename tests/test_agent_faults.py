@@ -1,0 +1,188 @@
+"""Faults: broker restarts, agent SIGKILL, a subscriber that was away, corrupt state files, slow graphs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_harness import (  # noqa: F401 - device is a fixture
+    AgentProcess, agent_on, client, device, next_message, request_v5, write_config,
+)
+from broker import mosquitto, mosquitto_factory  # noqa: F401 - fixtures
+from test_agent_contract import CONFIG, SMALL
+
+DEV = "dev1"
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return write_config(tmp_path, CONFIG)
+
+
+def make_agent(state_dir, broker, device, config) -> AgentProcess:
+    return agent_on(device, state_dir, broker.url, config, DEV)
+
+
+async def create(port: int, monitor: str, tier: str = "poor") -> dict:
+    async with client(port) as c:
+        answer, _ = await request_v5(c, DEV, "monitors/create", {"onnx": SMALL, "requiredTier": tier,
+                                                                 "monitor": monitor})
+    assert answer["status"] == "ok", answer
+    return answer["data"]
+
+
+async def retained(port: int, topic_filter: str, count: int, timeout: float = 10.0) -> dict[str, bytes]:
+    got: dict[str, bytes] = {}
+    async with client(port) as c:
+        await c.subscribe(topic_filter, qos=1)
+        while len(got) < count:
+            m = await next_message(c, timeout=timeout)
+            assert m.retain
+            got[m.topic.value] = m.payload
+    return got
+
+
+async def test_broker_restarted_without_persistence_gets_every_retained_state_back(
+        state_dir, mosquitto_factory, device, config):  # noqa: F811
+    broker = mosquitto_factory(persistence=False).start()
+    agent = make_agent(state_dir, broker, device, config).start()
+    try:
+        for name in ("a", "b", "c"):
+            await create(broker.port, name)
+        before = await retained(broker.port, f"daop/{DEV}/#", 4)
+        broker.restart(down_s=0.5)
+        agent.wait_log("connected to", count=2, timeout=20)
+        after = await retained(broker.port, f"daop/{DEV}/#", 4)
+        assert after == before
+        assert json.loads(after[f"daop/{DEV}/status"]) == {"state": "online"}
+    finally:
+        agent.stop()
+
+
+async def test_agent_sigkill_and_restart_keeps_monitors_ids_topics_and_seq(state_dir, mosquitto, device, config):  # noqa: F811
+    agent = make_agent(state_dir, mosquitto, device, config).start()
+    await create(mosquitto.port, "keep")
+    async with client(mosquitto.port) as c:
+        await c.subscribe(f"daop/{DEV}/monitors/keep/events", qos=1)
+        device.set("firmware/acpi/platform_profile", "low-power")
+        event = json.loads((await next_message(c, timeout=5)).payload)
+    assert event["meetsRequirement"] is False
+    agent.kill()  # right after the event: no clean stop
+    agent.start()
+    try:
+        async with client(mosquitto.port) as c:
+            await c.subscribe(f"daop/{DEV}/monitors/keep/#", qos=1)
+            state = json.loads((await next_message(c, f"daop/{DEV}/monitors/keep/state")).payload)
+            assert state["seq"] == event["seq"] and state["meetsRequirement"] is False
+            device.set("firmware/acpi/platform_profile", "balanced")
+            back = json.loads((await next_message(c, f"daop/{DEV}/monitors/keep/events", timeout=5)).payload)
+            assert back["meetsRequirement"] is True and back["seq"] > event["seq"]
+            listed, _ = await request_v5(c, DEV, "monitors/list", {})
+            assert [m["monitor"] for m in listed["data"]["monitors"]] == ["keep"]
+    finally:
+        agent.stop()
+
+
+async def test_persistent_subscriber_that_was_away_receives_the_events_it_missed(state_dir, mosquitto, device, config):  # noqa: F811
+    agent = make_agent(state_dir, mosquitto, device, config).start()
+    try:
+        await create(mosquitto.port, "m")
+        sub = dict(identifier="app-sub-1", clean_start=False, session_expiry=3600)
+        async with client(mosquitto.port, **sub) as c:
+            await c.subscribe(f"daop/{DEV}/monitors/m/events", qos=1)
+        # away: two changes happen
+        device.set("firmware/acpi/platform_profile", "low-power")
+        time.sleep(1.0)
+        device.set("firmware/acpi/platform_profile", "balanced")
+        time.sleep(1.0)
+        async with client(mosquitto.port, **sub) as c:  # same id, clean start off: the session is kept
+            first = json.loads((await next_message(c, timeout=5)).payload)
+            second = json.loads((await next_message(c, timeout=5)).payload)
+        assert (first["meetsRequirement"], second["meetsRequirement"]) == (False, True)
+        assert second["seq"] == first["seq"] + 1
+    finally:
+        agent.stop()
+
+
+async def test_events_during_a_broker_outage_reach_a_persistent_subscriber(
+        state_dir, mosquitto_factory, device, config):  # noqa: F811
+    broker = mosquitto_factory(persistence=True).start()
+    agent = make_agent(state_dir, broker, device, config).start()
+    try:
+        await create(broker.port, "m")
+        sub = dict(identifier="app-sub-2", clean_start=False, session_expiry=3600)
+        async with client(broker.port, **sub) as c:
+            await c.subscribe(f"daop/{DEV}/monitors/m/events", qos=1)
+        broker.stop()
+        device.set("firmware/acpi/platform_profile", "low-power")  # changes while the broker is down
+        agent.wait_log("1 monitor(s) changed", timeout=10)
+        broker.start()
+        agent.wait_log("connected to", count=2, timeout=20)
+        async with client(broker.port, **sub) as c:
+            event = json.loads((await next_message(c, timeout=10)).payload)
+        assert event["meetsRequirement"] is False
+    finally:
+        agent.stop()
+
+
+async def test_a_corrupt_monitor_file_is_set_aside_and_the_others_are_served(state_dir, mosquitto, device, config):  # noqa: F811
+    agent = make_agent(state_dir, mosquitto, device, config).start()
+    await create(mosquitto.port, "good1")
+    await create(mosquitto.port, "bad1")
+    agent.stop()
+    (state_dir / "monitors" / "bad1.json").write_text('{"format": 1, "monitor": "bad1", "requiredTier": ')
+    agent.start()
+    try:
+        assert "set aside as bad1.json.corrupt-" in agent.log
+        assert agent.log.count("cannot be used") == 1
+        assert list((state_dir / "monitors").glob("bad1.json.corrupt-*"))
+        async with client(mosquitto.port) as c:
+            listed, _ = await request_v5(c, DEV, "monitors/list", {})
+        assert [m["monitor"] for m in listed["data"]["monitors"]] == ["good1"]
+    finally:
+        agent.stop()
+    agent.start()  # the set-aside file is not read again: no crash loop, no new log line
+    try:
+        assert "cannot be used" not in agent.log
+    finally:
+        agent.stop()
+
+
+async def test_a_corrupt_seq_file_still_never_sends_seq_back(state_dir, mosquitto, device, config):  # noqa: F811
+    agent = make_agent(state_dir, mosquitto, device, config).start()
+    await create(mosquitto.port, "s")
+    state = json.loads((await retained(mosquitto.port, f"daop/{DEV}/monitors/s/state", 1))[f"daop/{DEV}/monitors/s/state"])
+    agent.stop()
+    (state_dir / "monitor-seq.json").write_bytes(b"\x00\x01garbage")
+    agent.start()
+    try:
+        after = json.loads((await retained(mosquitto.port, f"daop/{DEV}/monitors/s/state", 1))[
+            f"daop/{DEV}/monitors/s/state"])
+        assert after["seq"] > state["seq"]
+        assert list(state_dir.glob("monitor-seq.json.corrupt-*"))
+    finally:
+        agent.stop()
+
+
+async def test_a_graph_that_takes_too_long_gets_an_error_and_others_are_still_served(
+        state_dir, mosquitto, device, tmp_path):  # noqa: F811
+    import base64
+
+    from models import mlp
+
+    config = tmp_path / "slow.toml"
+    config.write_text("[limits]\nestimate_timeout_s = 0.5\nmax_request_bytes = 100000000\n")
+    agent = agent_on(device, state_dir, mosquitto.url, config, DEV).start()
+    try:
+        big = mlp([8] * 6000, batch=1)  # 18,000 nodes: importing and planning take well over 0.5 s
+        async with client(mosquitto.port) as c:
+            slow, _ = await request_v5(c, DEV, "estimate", {"onnx": base64.b64encode(big.SerializeToString()).decode()})
+            assert slow["status"] == "error" and slow["error"]["code"] == "limit_exceeded", slow
+            assert "0.5 s" in slow["error"]["message"]
+            fine, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL})
+            assert fine["status"] == "ok"
+    finally:
+        agent.stop()

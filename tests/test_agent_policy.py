@@ -1,0 +1,49 @@
+"""The user policy: battery floor (with its own hysteresis) and power-saver profiles veto local inference."""
+
+from __future__ import annotations
+
+from agent.config import Policy
+from agent.policy import PolicyGate, PowerFacts
+
+
+def test_no_policy_never_vetoes():
+    gate = PolicyGate(Policy())
+    assert gate.veto(PowerFacts(3.0, True, "low-power")) is None
+
+
+def test_battery_floor_applies_only_on_battery_and_lifts_above_floor_plus_release():
+    gate = PolicyGate(Policy(battery_floor_percent=20, battery_release_percent=3))
+    assert gate.veto(PowerFacts(25, True, None)) is None
+    assert "floor 20%" in gate.veto(PowerFacts(19, True, None))
+    assert gate.veto(PowerFacts(21, True, None)) is not None  # hovering at the floor: still vetoed
+    assert gate.veto(PowerFacts(22.9, True, None)) is not None
+    assert gate.veto(PowerFacts(23, True, None)) is None
+    assert gate.veto(PowerFacts(10, False, None)) is None  # plugged in
+    assert gate.veto(PowerFacts(10, None, None)) is None  # unknown: no made-up veto
+    assert gate.veto(PowerFacts(None, True, None)) is None
+
+
+def test_power_saver_profiles():
+    gate = PolicyGate(Policy(power_saver=True))
+    assert "low-power" in gate.veto(PowerFacts(None, None, "low-power"))
+    assert gate.veto(PowerFacts(None, None, "power-saver")) is not None
+    assert gate.veto(PowerFacts(None, None, "balanced")) is None
+    assert gate.veto(PowerFacts(None, None, None)) is None
+    both = PolicyGate(Policy(power_saver=True, battery_floor_percent=50)).veto(PowerFacts(10, True, "quiet"))
+    assert "battery" in both and "quiet" in both
+
+
+def test_laptop_fixture_tree_on_battery_at_37_percent_is_vetoed_below_a_40_percent_floor(tmp_path):
+    from agent.service import power_facts
+    from probes.state import Sampler
+    from sysfs_trees import desktop, laptop
+
+    tree = laptop(tmp_path / "laptop")
+    facts = power_facts(Sampler(tree.sys, tree.proc).sample())
+    assert (facts.battery_percent, facts.on_battery, facts.power_mode) == (37.0, True, "low-power")
+    assert "floor 40%" in PolicyGate(Policy(battery_floor_percent=40)).veto(facts)
+    assert PolicyGate(Policy(battery_floor_percent=30)).veto(facts) is None
+    tree.supply("ADP1", online=1)  # plugged in: the floor no longer applies
+    assert PolicyGate(Policy(battery_floor_percent=40)).veto(power_facts(Sampler(tree.sys, tree.proc).sample())) is None
+    plain = desktop(tmp_path / "desktop")  # no battery at all
+    assert PolicyGate(Policy(battery_floor_percent=40)).veto(power_facts(Sampler(plain.sys, plain.proc).sample())) is None

@@ -1,0 +1,92 @@
+"""The cost model's interpolation and extrapolation, on hand-made calibrations."""
+
+import math
+
+import pytest
+
+from monitors.calibration import Calibration, FamilyTable
+from monitors.costmodel import CostModel, work_of
+from monitors.kernels import Kernel, Plan
+
+
+def _cal(tables, per_kernel=1e-6, per_run=5e-6) -> Calibration:
+    return Calibration(fingerprint={"device": "cpu"}, tables=tables, per_kernel_s=per_kernel, per_run_s=per_run)
+
+
+def _memory_table(seconds_per_byte=lambda b: 1e-9 * b + 1e-6):
+    sizes = tuple(float(2 ** k) for k in range(10, 21, 2))
+    return FamilyTable(axes=(sizes,), points=tuple(((b,), seconds_per_byte(b)) for b in sizes))
+
+
+def _gemm_table(measure_all=True):
+    axes = ((1.0, 64.0, 1024.0), (64.0, 1024.0), (64.0, 1024.0))
+    pts = []
+    for m in axes[0]:
+        for k in axes[1]:
+            for n in axes[2]:
+                p = (m, k, n)
+                if not measure_all and m * k * n > 1e8:
+                    continue
+                eff = 1e9 * (1 + math.log(m) + math.log(k))  # efficiency grows with size
+                pts.append((p, work_of("gemm", p) / eff))
+    return FamilyTable(axes=axes, points=tuple(pts))
+
+
+def test_grid_points_are_reproduced_exactly():
+    cm = CostModel(_cal({"Add": _memory_table(), "gemm": _gemm_table()}))
+    for p, s in _gemm_table().points:
+        assert cm.kernel_seconds(Kernel("gemm", p, work_of("gemm", p))) == pytest.approx(s, rel=1e-9)
+
+
+def test_between_grid_points_time_lies_between_neighbours():
+    cm = CostModel(_cal({"Add": _memory_table()}))
+    t = lambda b: cm.kernel_seconds(Kernel("eltwise", (b,), b, "Add"))
+    assert t(2 ** 12) < t(3 * 2 ** 12) < t(2 ** 14)
+
+
+def test_beyond_the_grid_time_grows_with_work_at_edge_efficiency():
+    cm = CostModel(_cal({"Add": _memory_table()}))
+    edge = 2.0 ** 20
+    t_edge = cm.kernel_seconds(Kernel("eltwise", (edge,), edge, "Add"))
+    t_far = cm.kernel_seconds(Kernel("eltwise", (8 * edge,), 8 * edge, "Add"))
+    assert t_far == pytest.approx(8 * t_edge, rel=1e-9)
+
+
+def test_unmeasured_grid_points_take_the_largest_dominated_efficiency():
+    full = CostModel(_cal({"gemm": _gemm_table(True)}))
+    sparse = CostModel(_cal({"gemm": _gemm_table(False)}))
+    big = (1024.0, 1024.0, 1024.0)
+    k = Kernel("gemm", big, work_of("gemm", big))
+    # the skipped corner takes the best dominated efficiency, (1024, 1024, 64): same law, so same time
+    assert sparse.kernel_seconds(k) == pytest.approx(full.kernel_seconds(k), rel=1e-9)
+
+
+def test_plan_latency_adds_dispatch_and_run_overheads():
+    cm = CostModel(_cal({"Add": _memory_table()}, per_kernel=2e-6, per_run=10e-6))
+    plan = Plan(kernels=(Kernel("view", (0.0,), 0.0, "Reshape"),) * 3)
+    assert cm.seconds(plan) == pytest.approx(10e-6 + 3 * 2e-6)
+
+
+def test_calibration_and_plan_survive_json_round_trip():
+    cal = _cal({"Add": _memory_table(), "gemm": _gemm_table(False)})
+    again = Calibration.from_json(cal.to_json())
+    assert again == cal
+    plan = Plan(kernels=(Kernel("gemm", (1.0, 64.0, 64.0), 8192.0, "MatMul+Add"),), weight_bytes=5, flops=8192.0)
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_malformed_calibration_json_is_rejected():
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        Calibration.from_json('{"format": 1, "tables": {}}')
+    with pytest.raises(ValueError):
+        Calibration.from_json('{"format": 99}')
+
+
+def test_memory_kernels_use_their_own_op_table_else_the_family_representative():
+    fast = _memory_table(lambda b: 1e-10 * b)
+    slow = _memory_table(lambda b: 1e-9 * b)
+    cm = CostModel(_cal({"Add": fast, "Where": slow}))
+    n = 2.0 ** 16
+    assert cm.kernel_seconds(Kernel("eltwise", (n,), n, "Where")) == pytest.approx(10 * cm.kernel_seconds(
+        Kernel("eltwise", (n,), n, "Add")))
+    assert cm.kernel_seconds(Kernel("eltwise", (n,), n, "Sub")) == cm.kernel_seconds(Kernel("eltwise", (n,), n, "Add"))

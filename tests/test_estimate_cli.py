@@ -1,0 +1,117 @@
+"""`daop-agent estimate` and `calibrate` as a user runs them: real processes, real onnxruntime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.conftest import LIGHT_MODELS
+from tests.models import absent_weights_model, mlp
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def daop(*args: str, state_dir: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent", *args, "--state-dir", str(state_dir)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_estimate_json_has_tier_latency_device_and_kernels(state_dir):
+    r = daop("estimate", str(LIGHT_MODELS / "light_squeezenet.onnx"), "--json", "--at-rest", state_dir=state_dir)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tier"] in ("excellent", "good") and out["device"] == "cpu"
+    assert 0.3 < out["latency_ms"] < 100 and out["kernels"] > 20
+
+
+def test_estimate_plain_output_is_one_readable_line(state_dir):
+    r = daop("estimate", str(LIGHT_MODELS / "light_squeezenet.onnx"), state_dir=state_dir)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and " ms on cpu" in r.stdout
+
+
+def test_symbolic_input_is_bound_by_input_flag_and_bigger_batch_is_slower(state_dir, tmp_path):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp([512, 1024, 1024, 10]), str(path))
+    small = daop("estimate", str(path), "--input", "x=1x512", "--json", "--at-rest", state_dir=state_dir)
+    big = daop("estimate", str(path), "--input", "x=256x512:float32", "--json", "--at-rest", state_dir=state_dir)
+    assert small.returncode == 0 and big.returncode == 0, small.stderr + big.stderr
+    assert json.loads(big.stdout)["latency_ms"] > 5 * json.loads(small.stdout)["latency_ms"]
+
+
+def test_absent_external_weights_are_estimated(state_dir, tmp_path):
+    path = tmp_path / "big.onnx"
+    onnx.save(absent_weights_model(40 * 2 ** 20), str(path))
+    r = daop("estimate", str(path), "--input", "x=1x256", "--json", "--at-rest", state_dir=state_dir)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "cannot read"),
+    ("not_a_model", "not an ONNX model"),
+    ("unbound", "symbolic dimension"),
+    ("bad_input_flag", "--input"),
+    ("suffix", "cannot tell the format"),
+])
+def test_bad_input_exits_2_with_one_line_and_no_traceback(case, needle, state_dir, tmp_path):
+    args = {
+        "missing": [str(tmp_path / "nope.onnx")],
+        "not_a_model": [str(_write(tmp_path / "bad.onnx", b"not a model"))],
+        "unbound": [str(_mlp(tmp_path))],
+        "bad_input_flag": [str(_mlp(tmp_path)), "--input", "x=1xabc"],
+        "suffix": [str(_write(tmp_path / "model.txt", b"hello"))],
+    }[case]
+    r = daop("estimate", *args, state_dir=state_dir)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def test_gpu_without_cuda_provider_is_a_clear_error(state_dir):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has onnxruntime's CUDA provider")
+    r = daop("estimate", str(LIGHT_MODELS / "light_squeezenet.onnx"), "--device", "gpu", state_dir=state_dir)
+    assert r.returncode == 2 and "no GPU" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_calibrates_first_when_there_is_no_calibration_and_says_so(tmp_path):
+    r = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--json", "--at-rest",
+             state_dir=tmp_path / "fresh", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "calibrating" in r.stderr
+    assert (tmp_path / "fresh" / "calibration-cpu.json").exists()
+    again = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--json", "--at-rest",
+                 state_dir=tmp_path / "fresh")
+    assert "calibrating" not in again.stderr
+
+
+def test_calibration_made_on_another_device_is_redone(state_dir):
+    from agent import calibration_store
+
+    path = calibration_store.calibration_path(state_dir, "cpu")
+    doc = json.loads(path.read_text())
+    doc["fingerprint"]["cpu_model"] = "some other CPU"
+    path.write_text(json.dumps(doc))
+    assert calibration_store.load(state_dir, "cpu") is None
+    path.write_text("{ truncated")
+    assert calibration_store.load(state_dir, "cpu") is None
+    assert path.with_suffix(".corrupt").exists() and not path.exists()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _mlp(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp([16, 8]), str(path))
+    return path

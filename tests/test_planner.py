@@ -1,0 +1,122 @@
+"""The kernel plan against onnxruntime's own optimized graph (the oracle), on small and real models."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnx.helper as h
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import numpy_helper as nh
+
+from monitors.importer import load_graph
+from monitors.planner import plan
+from tests.models import LIGHT_DIR, make_model, value
+
+COMPUTE_OPS = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul", "FusedGemm"}
+
+
+def _ort_kernels(model: onnx.ModelProto, tmp_path) -> list[str]:
+    """The op types onnxruntime runs after its default (ORT_ENABLE_ALL) optimizations."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
+def _graph(model: onnx.ModelProto):
+    return load_graph(model.SerializeToString(), fmt="onnx")
+
+
+def _w(shape, name, rng=np.random.default_rng(0)):
+    return nh.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
+
+
+def test_conv_batchnorm_relu_is_one_kernel_as_in_onnxruntime(tmp_path):
+    c = 32
+    inits = [_w((c, 16, 3, 3), "w"), _w((c,), "s"), _w((c,), "b"), _w((c,), "m"),
+             nh.from_array(np.ones(c, np.float32), "v")]
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+             h.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+             h.make_node("Relu", ["bn"], ["y"])]
+    model = make_model(nodes, [value("x", [1, 16, 28, 28])], [value("y", None)], inits)
+    p = plan(_graph(model))
+    convs = [k for k in p.kernels if k.family == "conv"]
+    assert len(convs) == 1 and convs[0].op == "Conv+BatchNormalization+Relu"
+    ort_ops = _ort_kernels(model, tmp_path)
+    assert "BatchNormalization" not in ort_ops and "Relu" not in ort_ops
+    assert sum(op in COMPUTE_OPS for op in ort_ops) == len(convs)
+    assert collections.Counter(k.op for k in p.kernels)["ReorderInput"] == ort_ops.count("ReorderInput")
+
+
+def test_matmul_bias_add_fuses_and_activation_matmul_does_not(tmp_path):
+    inits = [_w((64, 128), "w"), _w((128,), "b")]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]),
+             h.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 1]),
+             h.make_node("MatMul", ["a", "t"], ["y"])]
+    model = make_model(nodes, [value("x", [2, 10, 64])], [value("y", None)], inits)
+    p = plan(_graph(model))
+    fams = [k.family for k in p.kernels]
+    assert fams.count("gemm") == 1 and fams.count("bmm") == 1
+    gemm = next(k for k in p.kernels if k.family == "gemm")
+    assert gemm.params == (20.0, 64.0, 128.0) and "Add" in gemm.op
+    bmm = next(k for k in p.kernels if k.family == "bmm")
+    assert bmm.params == (2.0, 10.0, 128.0, 10.0) and bmm.op.startswith("Transpose")
+    ort_ops = _ort_kernels(model, tmp_path)
+    assert "Add" not in ort_ops and "Transpose" not in ort_ops
+    assert sum(op in COMPUTE_OPS for op in ort_ops) == 2
+
+
+def test_erf_gelu_and_decomposed_layernorm_fuse_like_onnxruntime(tmp_path):
+    d = 64
+    inits = [nh.from_array(np.array(1.4142135, np.float32), "sqrt2"), nh.from_array(np.array(1.0, np.float32), "one"),
+             nh.from_array(np.array(0.5, np.float32), "half"), nh.from_array(np.array(2.0, np.float32), "two"),
+             nh.from_array(np.array(1e-5, np.float32), "eps"), _w((d,), "g"), _w((d,), "beta")]
+    nodes = [
+        h.make_node("Div", ["x", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+        h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["x", "e1"], ["xe"]),
+        h.make_node("Mul", ["xe", "half"], ["gelu"]),
+        h.make_node("ReduceMean", ["gelu"], ["mu"], axes=[-1]), h.make_node("Sub", ["gelu", "mu"], ["xc"]),
+        h.make_node("Pow", ["xc", "two"], ["sq"]), h.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["sd"]),
+        h.make_node("Div", ["xc", "sd"], ["n"]), h.make_node("Mul", ["n", "g"], ["ng"]),
+        h.make_node("Add", ["ng", "beta"], ["y"]),
+    ]
+    model = make_model(nodes, [value("x", [1, 8, d])], [value("y", None)], inits)
+    p = plan(_graph(model))
+    assert [k.op for k in p.kernels] == ["Gelu", "LayerNormalization"]
+    assert [k.family for k in p.kernels] == ["transcend", "norm"]
+    ort_ops = _ort_kernels(model, tmp_path)
+    assert len(ort_ops) == 2 and "Erf" not in ort_ops and "ReduceMean" not in ort_ops
+
+
+def test_constant_subgraphs_are_folded_away():
+    inits = [nh.from_array(np.array([2, 3], np.int64), "s"), _w((6,), "w")]
+    nodes = [h.make_node("Reshape", ["w", "s"], ["w2"]), h.make_node("Relu", ["w2"], ["w3"]),
+             h.make_node("Add", ["x", "w3"], ["y"])]
+    model = make_model(nodes, [value("x", [2, 3])], [value("y", None)], inits)
+    p = plan(_graph(model))
+    assert [k.op for k in p.kernels] == ["Add"]
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "resnet50", "inception_v2", "shufflenet", "bvlc_alexnet"])
+def test_real_cnn_compute_kernels_match_onnxruntime(name, tmp_path):
+    path = LIGHT_DIR / f"light_{name}.onnx"
+    p = plan(load_graph(path))
+    ort_ops = _ort_kernels(onnx.load(str(path)), tmp_path)
+    ours = sum(k.family in ("conv", "conv1x1", "dwconv", "gemm", "bmm") for k in p.kernels)
+    theirs = sum(op in COMPUTE_OPS for op in ort_ops)
+    assert abs(ours - theirs) <= max(2, 0.05 * theirs), (ours, theirs)
+    # the elementwise work onnxruntime fuses into convolutions must not reappear as kernels
+    assert abs(len(p.kernels) - len(ort_ops)) <= 0.3 * len(ort_ops), (len(p.kernels), len(ort_ops))
+
+
+def test_plan_reports_weights_activations_and_flops():
+    p = plan(load_graph(LIGHT_DIR / "light_resnet50.onnx"))
+    assert 95e6 < p.weight_bytes < 110e6  # ResNet-50: 25.6 M parameters
+    assert 7e9 < p.flops < 9e9  # about 4.1 G multiply-adds
+    assert 1e6 < p.peak_activation_bytes < 100e6

@@ -1,0 +1,123 @@
+"""CPU and memory probes: /proc/stat deltas, own-process subtraction, steal, PSI, clocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from sysfs_trees import desktop, laptop, vm
+
+from probes.cpu import CpuProbe, parse_proc_stat, parse_psi_some_avg10
+from probes.memory import MemoryProbe, parse_meminfo
+from probes.sysfs import KernelFiles
+
+
+def fixture_probe(tree) -> CpuProbe:
+    return CpuProbe(KernelFiles(tree.sys), KernelFiles(tree.proc), own_process=False)
+
+
+def test_vm_fixture_tree_first_sample_has_no_load_not_zero(tmp_path):
+    state = fixture_probe(vm(tmp_path)).sample()
+    assert state.cores == 2
+    assert state.load is None and state.steal is None and state.busy_cores is None
+
+
+def test_vm_fixture_tree_steal_and_load_from_deltas(tmp_path):
+    tree = vm(tmp_path)
+    probe = fixture_probe(tree)
+    probe.sample()
+    # next 100 ticks: 50 busy, 30 idle, 20 stolen
+    tree.set_stat(busy=5050, idle=14030, steal=1020)
+    state = probe.sample()
+    assert state.steal == pytest.approx(0.2)
+    assert state.busy_cores == pytest.approx(1.0)  # 50 % of 2 cores
+    assert state.load == pytest.approx(0.5) and state.others_busy_cores == pytest.approx(1.0)
+    assert state.psi_some_avg10 is None  # no PSI on this kernel
+    assert state.cur_mhz is None and state.max_mhz is None
+
+
+def test_laptop_fixture_tree_clocks_and_psi(tmp_path):
+    state = fixture_probe(laptop(tmp_path)).sample()
+    assert state.cur_mhz == 1400.0 and state.max_mhz == 4200.0 and state.limit_mhz == 4200.0
+    assert state.clock_ratio == pytest.approx(1 / 3)
+    assert state.psi_some_avg10 == 1.5
+
+
+def test_desktop_fixture_tree_clock_limit_below_max(tmp_path):
+    tree = desktop(tmp_path)
+    tree.cpufreq(cur_khz=2_000_000, max_khz=4_700_000, limit_khz=2_350_000)
+    state = fixture_probe(tree).sample()
+    assert state.limit_mhz == 2350.0 and state.max_mhz == 4700.0
+
+
+def test_vm_fixture_tree_counters_going_back_give_no_load(tmp_path):
+    tree = vm(tmp_path)
+    probe = fixture_probe(tree)
+    probe.sample()
+    tree.set_stat(busy=10, idle=10)  # garbage or a counter reset
+    state = probe.sample()
+    assert state.load is None
+
+
+def test_parsers_reject_garbage():
+    assert parse_proc_stat("cpu  a b c d\ncpu0 1 2 3 4\n") is None
+    assert parse_proc_stat("intr 1 2\n") is None
+    assert parse_proc_stat("cpu  1 2 3 4\n") is None  # no per-CPU lines: core count unknown
+    assert parse_psi_some_avg10("some avg10=101.00 avg60=0\n") is None
+    assert parse_psi_some_avg10("some avg10=2.91 avg60=1.14 avg300=0.98 total=5\n") == 2.91
+    assert parse_meminfo("MemTotal: 100 kB\nMemAvailable: 200 kB\n") is None
+    assert parse_meminfo("MemTotal: 100 kB\nMemAvailable: 50 kB\n") == {"MemTotal": 102400, "MemAvailable": 51200}
+
+
+def test_memory_fixture_tree(tmp_path):
+    tree = laptop(tmp_path)
+    tree.set_psi(0.0, 12.5)
+    state = MemoryProbe(KernelFiles(tree.proc)).sample()
+    assert state.total_bytes == 16 * 2**30 and state.available_bytes == 12 * 2**30
+    assert state.psi_some_avg10 == 12.5
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_real_proc_own_cpu_is_not_load_by_others():
+    """This process spinning for 0.3 s of CPU shows as own cores, not as others."""
+    probe = CpuProbe(KernelFiles("/sys"), KernelFiles("/proc"), own_process=True)
+    probe.sample()
+    _burn(0.3)
+    state = probe.sample()
+    assert state.own_cores is not None and state.interval_s is not None
+    assert state.own_cores * state.interval_s == pytest.approx(0.3, abs=0.1)  # core-seconds this process used
+    # each figure is rounded to 4 places on its own, so their difference may be off by 1e-4
+    assert state.others_busy_cores <= state.busy_cores - state.own_cores + 2e-4
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_real_proc_busy_process_is_load_by_others():
+    """A real busy child process's CPU time is counted in load by others, whatever else runs here."""
+    probe = CpuProbe(KernelFiles("/sys"), KernelFiles("/proc"), own_process=True)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        before = _cpu_seconds(child.pid)
+        probe.sample()
+        time.sleep(0.6)
+        state = probe.sample()
+        child_cores = (_cpu_seconds(child.pid) - before) / state.interval_s
+    finally:
+        child.kill()
+        child.wait()
+    assert child_cores > 0.1  # it did run
+    assert state.others_busy_cores >= child_cores - 0.15  # tick granularity
+    assert state.own_cores < 0.2
+    assert state.runnable_others is not None and state.runnable_others >= 0

@@ -1,0 +1,224 @@
+"""`daop-agent simulate`: scenario parsing, the simulated device (fixture trees, NVML stand-in, real load), and
+end-to-end runs of the real agent against a real Mosquitto."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.simulation import (Expectation, SimulatedDevice, SimulatedRefresh, Timeline, check, load_scenario,
+                              parse_scenario)
+from monitors.errors import BadInput
+from probes.refresh import slowdown
+from probes.state import Sampler
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = sorted((REPO / "scenarios").glob("*.toml"))
+
+MINIMAL = """
+name = "minimal"
+duration_s = 6
+device = "{device}"
+{extra}
+
+[[monitors]]
+id = "m"
+model = "examples/mlp.json"
+inputs = {{ features = "4x256" }}
+required_tier = "good"
+
+{steps}
+
+[[expect]]
+monitor = "m"
+holds = [0, 6]
+meets = true
+"""
+
+
+def scenario_text(device: str = "laptop", extra: str = "", steps: str = "") -> str:
+    return MINIMAL.format(device=device, extra=extra, steps=steps)
+
+
+def test_every_shipped_scenario_parses_and_states_expectations():
+    assert len(SCENARIOS) >= 5
+    for path in SCENARIOS:
+        s = load_scenario(path)
+        assert s.expectations and s.monitors and 10 <= s.duration_s <= 30, path
+        for m in s.monitors:
+            assert m.model.is_file()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name = 'x'\nduration_s = ", "not valid TOML"),
+    (scenario_text(steps="[[steps]]\nt = 1\nwarp = 9"), "unknown condition warp"),
+    (scenario_text(device="vm", steps="[[steps]]\nt = 1\nbattery_percent = 5"), "a vm has no"),
+    (scenario_text(device="desktop", steps="[[steps]]\nt = 1\nplugged = false"), "has no battery"),
+    (scenario_text(steps="[[steps]]\nt = 1\ngpu_util = 50"), "need `gpu = true`"),
+    (scenario_text(steps="[[steps]]\nt = 99\nbusy = 1"), "between 0 and 6"),
+    (scenario_text(steps="[[steps]]\nt = 1\nbusy = 1000"), "between 0 and 16"),
+    (scenario_text(steps="[[steps]]\nt = 1\ntemp_c = 'hot'"), "must be int/float"),
+    (scenario_text(device="phone"), "must be one of laptop"),
+    (scenario_text(extra='agent_config = "[policy]\\nbattery_floor_percent = 400"'), "agent_config"),
+    (scenario_text().replace('required_tier = "good"', 'required_tier = "great"'), "required_tier"),
+    (scenario_text().replace('monitor = "m"', 'monitor = "nope"'), "no monitor 'nope'"),
+    (scenario_text().replace("holds = [0, 6]", "holds = [5, 2]"), "ends before it starts"),
+    (scenario_text().replace("holds = [0, 6]\nmeets = true", "no_event = [0, 1]\nmeets = true"), "no `meets`"),
+    (scenario_text().replace('"examples/mlp.json"', '"examples/missing.onnx"'), "not found"),
+    (scenario_text().replace('"4x256"', '"4xbig"'), "bad --input"),
+    (scenario_text().split("[[expect]]")[0], "no [[expect]]"),
+])
+def test_a_malformed_scenario_is_one_clear_error(text, message):
+    with pytest.raises(BadInput) as err:
+        parse_scenario(text, REPO)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_exits_2_with_one_line_for_a_malformed_scenario(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(scenario_text(steps="[[steps]]\nt = 1\nwarp = 9"))
+    for path in (bad, tmp_path / "absent.toml"):
+        r = subprocess.run([sys.executable, "-m", "agent", "simulate", str(path)], capture_output=True, text=True,
+                           cwd=REPO, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith("daop-agent simulate: error:") and "scenario" in r.stderr
+
+
+def test_expectation_checks_on_a_timeline():
+    tl = Timeline(created={"m": (0.1, True)}, events={"m": [(5.0, False, 2), (9.0, True, 3)]})
+    assert check(Expectation("holds", "m", 0, 4.9, True), tl)[0]
+    assert not check(Expectation("holds", "m", 0, 6, True), tl)[0]
+    assert check(Expectation("holds", "m", 5.5, 8.9, False), tl)[0]
+    assert check(Expectation("event_within", "m", 4, 6, False), tl)[0]
+    assert not check(Expectation("event_within", "m", 4, 6, True), tl)[0]
+    assert check(Expectation("no_event", "m", 6, 8.5), tl)[0]
+    assert not check(Expectation("no_event", "m", 6, 9.5), tl)[0]
+    # at speed 2 the windows are halved: the event at t=5 is in [8/2, 12/2]
+    assert check(Expectation("event_within", "m", 8, 12, False), tl, speed=2.0)[0]
+
+
+def test_simulated_laptop_fixture_tree_reads_as_conditions_set(tmp_path):
+    s = parse_scenario(scenario_text(), REPO)
+    device = SimulatedDevice(tmp_path / "dev", s)
+    try:
+        sampler = Sampler(device.sys, device.proc, ppd=False, gpus=False)
+        state = sampler.sample()
+        assert state.thermal.throttling is False and state.battery.plugged is True
+        assert state.power_mode == "balanced" and state.cpu.limit_mhz == 4000
+        device.apply({"temp_c": 96, "cooling": 7, "cpu_mhz": 1000, "cpu_limit_mhz": 1000, "battery_percent": 15,
+                      "plugged": False, "power_profile": "low-power"})
+        state = Sampler(device.sys, device.proc, ppd=False, gpus=False).sample()
+        assert state.thermal.throttling is True and state.thermal.max_temp_c == 96
+        assert state.battery.percent == 15 and state.battery.plugged is False
+        assert state.power_mode == "low-power" and state.cpu.limit_mhz == 1000
+        assert device.clock_ratio == 0.25
+    finally:
+        device.close()
+
+
+def test_simulated_gpu_through_the_nvml_standin_and_nvml_failing_midway(tmp_path):
+    s = parse_scenario(scenario_text(device="desktop", extra="gpu = true"), REPO)
+    device = SimulatedDevice(tmp_path / "dev", s)
+    try:
+        sampler = device.sampler()
+        device.apply({"gpu_util": 97, "gpu_memory_used_mb": 23500})
+        g = sampler.sample().gpus[0]
+        assert g.util_percent == 97 and g.memory_free_bytes == (24576 - 23500) << 20
+        device.apply({"gpu_fail": True})
+        state = sampler.sample()  # the last good values, marked stale; nothing raises
+        assert state.gpus[0].util_percent == 97
+        assert any(k.startswith("gpus.0.") for k in state.stale)
+    finally:
+        device.close()
+
+
+def test_simulated_proc_stat_counts_real_busy_processes_and_steal(tmp_path):
+    s = parse_scenario(scenario_text(device="vm"), REPO)
+    device = SimulatedDevice(tmp_path / "dev", s)
+    try:
+        sampler = Sampler(device.sys, device.proc, ppd=False, gpus=False)
+        sampler.sample()
+        device.apply({"busy": 2, "steal": 0.5})
+        pids = [p.pid for p in device.load.busy]
+        for _ in range(6):
+            time.sleep(0.1)
+            device.update_proc()
+        state = sampler.sample()
+        assert "procs_running 3" in (device.proc / "stat").read_text()
+        assert 0.4 <= state.cpu.steal <= 0.6
+        assert state.cpu.others_busy_cores > 0.1  # the spinners' real CPU time
+        device.apply({"busy": 0})
+        assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+                   for pid in pids)
+    finally:
+        device.close()
+
+
+def test_simulated_memory_pressure_holds_real_memory(tmp_path):
+    s = parse_scenario(scenario_text(device="vm"), REPO)
+    device = SimulatedDevice(tmp_path / "dev", s)
+    try:
+        before = Sampler(device.sys, device.proc, ppd=False, gpus=False).sample().memory.available_bytes
+        device.apply({"memory_mb": 64})
+        holder = device.load.holder
+        assert holder is not None
+        rss_kb = int(next(line for line in Path(f"/proc/{holder.pid}/status").read_text().splitlines()
+                          if line.startswith("VmRSS")).split()[1])
+        assert rss_kb >= 60 * 1024
+        after = Sampler(device.sys, device.proc, ppd=False, gpus=False).sample().memory.available_bytes
+        assert before - after == 64 << 20
+    finally:
+        device.close()
+
+
+def test_simulated_warm_refresh_measures_the_simulated_clock_and_load(tmp_path):
+    s = parse_scenario(scenario_text(), REPO)
+    device = SimulatedDevice(tmp_path / "dev", s)
+    try:
+        refresh = SimulatedRefresh(device)
+        reference = min((refresh.measure() for _ in range(3)), key=lambda r: r["cpu_matmul_256"])
+        device.apply({"cpu_mhz": 1000, "cpu_limit_mhz": 1000})  # a quarter of the maximum
+        throttled = slowdown(refresh.measure(), reference)
+        assert 2.5 < throttled < 7.0, throttled  # 4x, measured for real on a shared host
+        device.apply({"cpu_mhz": 4000, "cpu_limit_mhz": 4000, "busy": 2})
+        measured = refresh.measure()
+        assert measured["share"] == pytest.approx(min(1.0, device.cores / (measured["threads"] + 2)))
+    finally:
+        device.close()
+
+
+def run_cli(path: Path, calibrated_dir: Path, *extra: str, timeout: float = 120) -> tuple[int, list[dict], str]:
+    r = subprocess.run([sys.executable, "-m", "agent", "simulate", str(path), "--json", "--state-dir",
+                        str(calibrated_dir), *extra], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    return r.returncode, [json.loads(line) for line in r.stdout.splitlines() if line.strip()], r.stderr
+
+
+def test_power_saver_scenario_passes_end_to_end_at_double_speed(calibrated_dir):
+    rc, records, err = run_cli(REPO / "scenarios/power-saver.toml", calibrated_dir, "--speed", "2")
+    assert rc == 0, (err[-3000:], records[-6:])
+    events = [(r["meetsRequirement"], r["t"]) for r in records if r["kind"] == "event"]
+    assert [m for m, _ in events] == [False, True]
+    assert 2.0 <= events[0][1] <= 3.5 and 5.0 <= events[1][1] <= 7.0
+    assert records[-1] == {"kind": "result", "passed": True, "failed": 0, "total": 4}
+
+
+def test_a_wrong_expectation_fails_the_run_with_exit_1(tmp_path, calibrated_dir):
+    text = scenario_text(extra='agent_config = "[monitors]\\nmin_dwell_s = 0.5\\n[policy]\\npower_saver = true"',
+                         steps='[[steps]]\nt = 2\npower_profile = "low-power"')
+    text = text.replace("holds = [0, 6]\nmeets = true", "holds = [0, 2]\nmeets = true\n\n[[expect]]\n"
+                        "monitor = \"m\"\nholds = [3, 6]\nmeets = true")  # wrong: the policy turns it false
+    text = text.replace('"examples/mlp.json"', f'"{REPO / "examples/mlp.json"}"')
+    path = tmp_path / "wrong.toml"
+    path.write_text(text)
+    rc, records, err = run_cli(path, calibrated_dir)
+    assert rc == 1, err[-3000:]
+    verdicts = [r["passed"] for r in records if r["kind"] == "expect"]
+    assert verdicts == [True, False]
+    assert any(r["kind"] == "event" and r["meetsRequirement"] is False for r in records)

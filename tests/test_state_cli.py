@@ -1,0 +1,63 @@
+"""`daop-agent state` as a real subprocess, on fixture trees and on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sysfs_trees import BUILDERS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def daop(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_state_json_on_fixture_tree(tmp_path, kind):
+    tree = BUILDERS[kind](tmp_path)
+    out = daop("state", "--json", "--sysfs-root", str(tree.sys), "--procfs-root", str(tree.proc))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    expected = {
+        "laptop": ({"max_temp_c": 71.5, "throttling": False}, {"present": True, "percent": 37.0, "plugged": False}, "low-power"),
+        "desktop": ({"max_temp_c": 49.0, "throttling": False}, {"present": False, "percent": None, "plugged": True}, None),
+        "server": ({"max_temp_c": 58.0, "throttling": False}, {"present": False, "percent": None, "plugged": True}, None),
+        "vm": ({"max_temp_c": None, "throttling": None}, {"present": False, "percent": None, "plugged": True}, None),
+    }[kind]
+    thermal, battery, mode = expected
+    assert {k: doc["thermal"][k] for k in thermal} == thermal
+    assert {k: doc["battery"][k] for k in battery} == battery
+    assert doc["power_mode"] == mode
+    assert doc["cpu"]["load"] is None  # a fixture /proc/stat does not move: no load, never a made-up 0
+    assert doc["gpus"] == []
+
+
+def test_state_table_on_laptop_fixture_tree(tmp_path):
+    tree = BUILDERS["laptop"](tmp_path)
+    out = daop("state", "--sysfs-root", str(tree.sys), "--procfs-root", str(tree.proc))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("thermal") and "71.5 C" in line and "throttling no" in line for line in lines)
+    assert any(line.startswith("battery") and "37.0 %" in line and "plugged no" in line for line in lines)
+    assert any(line.startswith("power mode") and "low-power" in line for line in lines)
+
+
+def test_state_on_this_machine():
+    out = daop("state", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["cpu"]["load"] is not None and 0.0 <= doc["cpu"]["load"] <= 1.0
+    assert isinstance(doc["battery"]["present"], bool)
+    table = daop("state")
+    assert table.returncode == 0 and table.stdout.startswith("thermal")
+
+
+def test_state_bad_root_exits_2_with_one_line(tmp_path):
+    out = daop("state", "--sysfs-root", str(tmp_path / "nowhere"))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "--sysfs-root" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,53 @@
+"""The accuracy zoo builds real models that the importer reads, and the ground-truth harness times them."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from bench import groundtruth, zoo
+from monitors.importer import load_graph
+
+
+def test_zoo_entries_are_unique_and_fully_bound() -> None:
+    names = [m.name for m in zoo.ZOO]
+    assert len(names) == len(set(names))
+    assert 40 <= len(names) <= 60
+    for model in zoo.ZOO:
+        assert model.inputs, model.name
+        for spec in model.inputs.values():
+            assert spec.shape and all(d > 0 for d in spec.shape), model.name
+            assert spec.dtype in ("float32", "int64"), model.name
+
+
+def test_light_squeezenet_copies_and_imports(tmp_path) -> None:
+    model = zoo.BY_NAME["squeezenet"]
+    path = model.path(tmp_path)
+    assert path.parent == tmp_path and path.exists()
+    graph = load_graph(path, inputs=model.inputs)
+    output = graph.model.graph.output[0].name
+    assert graph.tensors[output].shape[:2] == (1, 1000)
+
+
+def test_mlp_exported_with_symbolic_batch_binds_to_the_zoo_shape(tmp_path) -> None:
+    pytest.importorskip("torch")
+    model = zoo.BY_NAME["mlp-256x3-b256"]
+    path = model.path(tmp_path)
+    proto = onnx.load(str(path))
+    assert proto.ir_version <= zoo.MAX_IR_VERSION
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [zoo.OPSET]
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    graph = load_graph(path, inputs=model.inputs)
+    assert graph.tensors[proto.graph.output[0].name].shape == (256, 10)
+
+
+def test_groundtruth_times_in_a_subprocess_and_caches(tmp_path) -> None:
+    model = zoo.BY_NAME["squeezenet"]
+    path = model.path(tmp_path)
+    cache = tmp_path / "gt.json"
+    first = groundtruth.measure(path, model.inputs, repeats=5, target_s=0.05, cache_file=cache)
+    assert not first["cached"] and first["repeats"] >= 5 and first["median_ms"] > 0
+    again = groundtruth.measure(path, model.inputs, repeats=5, target_s=0.05, cache_file=cache)
+    assert again["cached"] and again["median_ms"] == first["median_ms"]
+    other = {name: type(spec)((2, *spec.shape[1:]), spec.dtype) for name, spec in model.inputs.items()}
+    assert groundtruth.cache_key(path, other) != groundtruth.cache_key(path, model.inputs)
