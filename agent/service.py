@@ -59,6 +59,8 @@ PUBLISH_BATCH = 256
 MAX_CONCURRENT_REQUESTS = 64
 MAX_PENDING_REQUESTS = 2000   # beyond this many requests in hand, answer 'busy' at once
 CALIBRATION_WAIT_S = 180.0
+TICKS_PER_SAMPLE = 10         # run-queue snapshots per sample interval, ...
+MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # ... at most 50 and at least 4 per second
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Agent:
         self._refresh_policy: Any = None
         self._measured: float | None = None
         self._measured_predicted: float | None = None  # the prediction when _measured was taken
+        self._refresh_busy = False  # a warm refresh is due, running, or its measurement not yet taken
+        self._pending_measurement: tuple[float | None, float, float] | None = None  # slowdown, at, CPU s
         self._cores = default_threads()  # onnxruntime's intra-op threads
         self._factors = np.array([1.0, math.inf])
         self._gpu_free: float | None = None
@@ -176,8 +180,8 @@ class Agent:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 background = [tg.create_task(coro) for coro in (
-                    self._engine_task(), self._sample_task(), self._refresh_task(), self._evaluate_task(),
-                    self._watchdog_task())]
+                    self._engine_task(), self._sample_task(), self._tick_task(), self._refresh_task(),
+                    self._evaluate_task(), self._watchdog_task())]
                 mqtt = tg.create_task(self._mqtt_task())
                 await self._stop.wait()
                 self.notifier.stopping()
@@ -247,7 +251,6 @@ class Agent:
 
     async def _refresh_task(self) -> None:
         """Warm refresh when RefreshPolicy says so, beside sampling (a refresh under load is slow)."""
-        from monitors.speed import predict_cpu
         from probes.refresh import slowdown
 
         while True:
@@ -255,6 +258,7 @@ class Agent:
             self._refresh_due.clear()
             policy, state = self._refresh_policy, self._last_state
             if policy is None or state is None or self._measure is None:
+                self._refresh_busy = False
                 continue
             started = time.monotonic()
             cpu0 = time.process_time()
@@ -263,11 +267,10 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - a failed probe is a missing reading, not a crash
                 log.warning("warm refresh failed: %s", exc)
                 policy.refreshed(state, started, 0.05)
+                self._refresh_busy = False
                 continue
-            policy.refreshed(state, started, time.process_time() - cpu0)
-            self._measured = slowdown(result, self._reference or {})
-            self._measured_predicted = predict_cpu(self._last_state or state, self._cores)[0]
-            self._update_speed()
+            self._pending_measurement = (slowdown(result, self._reference or {}), started,
+                                         time.process_time() - cpu0)
 
     # -- sampling and evaluation ----------------------------------------------------------
 
@@ -285,8 +288,11 @@ class Agent:
             self._last_state = state
             policy = self._refresh_policy
             if policy is not None:
+                if self._pending_measurement is not None:
+                    self._take_measurement(policy, state, *self._pending_measurement)
                 policy.observe(state, started)
-                if policy.due(started):
+                if policy.due(started) and not self._refresh_busy:
+                    self._refresh_busy = True  # until its measurement is taken: one refresh at a time
                     self._refresh_due.set()
             self._veto = self.policy.veto(power_facts(state))
             if self._veto != veto_logged:
@@ -295,6 +301,29 @@ class Agent:
             self._update_speed()
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, interval - elapsed))
+
+    def _take_measurement(self, policy: Any, state: Any, measured: float | None, at: float, cpu_s: float) -> None:
+        """A warm refresh's slowdown, paired with the first sample taken after it: that sample's
+        interval holds the refresh, so both describe the same load (the sample before it may
+        predate a load that had just started or stopped)."""
+        from monitors.speed import predict_cpu
+
+        self._pending_measurement = None
+        self._refresh_busy = False
+        policy.refreshed(state, at, cpu_s)
+        self._measured = measured
+        self._measured_predicted = predict_cpu(state, self._cores)[0]
+
+    async def _tick_task(self) -> None:
+        """Run-queue snapshots between samples (Sampler.tick), TICKS_PER_SAMPLE per interval: on the
+        loop, because one is a read of /proc/loadavg, far cheaper than a hop to a thread."""
+        tick = getattr(self._sampler, "tick", None)
+        if tick is None:
+            return
+        period = min(MAX_TICK_S, max(MIN_TICK_S, self.cfg.sample_interval_s / TICKS_PER_SAMPLE))
+        while True:
+            await asyncio.sleep(period)
+            tick()
 
     def _update_speed(self) -> None:
         """The present speed from the latest state and measurement; wakes the evaluation."""

@@ -558,6 +558,7 @@ class SimulatedDevice:
         lines += ["intr 0", "ctxt 0", "btime 1700000000", "processes 1",
                   f"procs_running {1 + self.load.running}", "procs_blocked 0"]
         _write(self.proc / "stat", "\n".join(lines))
+        _write(self.proc / "loadavg", f"0.00 0.00 0.00 {1 + self.load.running}/100 4242")
         available = max(0, self._mem_available - self.load.held_mb * 1024)
         _write(self.proc / "meminfo", f"MemTotal:       {self._mem_total} kB\nMemFree:        {available} kB\n"
                                       f"MemAvailable:   {available} kB\n")

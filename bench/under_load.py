@@ -3,17 +3,24 @@
 For each load (real processes: `while True: pass`, or a process streaming
 over 512 MB with numpy so that it competes for memory bandwidth and holds
 the memory resident): start it; then per model, `--cycles` times: sample
-the device state as the agent does, run one warm refresh, combine them into
-a Speed (monitors/speed.py, measured_current=True), and time the model for
-a while (onnxruntime default session, median of runs). The estimate
-(calibrated latency x speed.cpu) is compared with the real latency, each the
-geometric mean over the cycles, so that both see the same background.
+the device state over `--window` seconds as the agent does, run one warm
+refresh, combine them into a Speed (monitors/speed.py,
+measured_current=True), and have the app time the model for a while
+(onnxruntime default session, median of runs). The estimate (calibrated
+latency x speed.cpu) is compared with the real latency, each the geometric
+mean over the cycles, so that both see the same background.
+
+As in deployment, the app is its own process (a worker that holds every
+model's session): its inference is not the agent's, and its onnxruntime
+threads, which spin for a while after each run, are not inside the process
+that measures. The state window and the refresh come after a short pause
+that lets them stop, and before the app's next run.
 
 Also printed: the predicted-only and measured-only views, and the slowdown
 error (estimated slowdown vs real slowdown against the no-extra-load run),
 which isolates the state->speed model from the static estimator's own error.
 
-    python -m bench.under_load                       # default models, all loads (about 1.5 minutes)
+    python -m bench.under_load                       # default models, all loads (about 2 minutes)
     python -m bench.under_load --models 'resnet18-b1-224x224,squeezenet' --loads 0,2
 
 The machine's other work is part of the state too: the "0" run is whatever
@@ -36,6 +43,7 @@ if __package__ in (None, ""):
 DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "resnet18-b1-224x224", "bert-mini-b1-s128",
                   "mlp-1024x4-b32")
 BUSY = "while True: pass"
+PAUSE_S = 0.1
 MEMORY_HOG = (
     "import numpy as np\n"
     "a = np.ones(64 << 20); b = np.empty_like(a)\n"  # 2 x 512 MB, resident
@@ -56,15 +64,53 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def real_latency_ms(session, feeds, seconds: float) -> float:
+APP = """
+import json, statistics, sys, time
+import onnxruntime as ort
+sys.path.insert(0, sys.argv[1])
+from bench import zoo
+from bench.groundtruth import _feeds
+
+sessions = {}
+for name in sys.argv[2].split(","):
+    model = zoo.BY_NAME[name]
+    session = ort.InferenceSession(str(model.path()), providers=["CPUExecutionProvider"])
+    feeds = _feeds(session, {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()})
+    session.run(None, feeds)
+    sessions[name] = (session, feeds)
+print("ready", flush=True)
+for line in sys.stdin:
+    name, seconds = line.split()
+    session, feeds = sessions[name]
     session.run(None, feeds)
     times = []
-    end = time.perf_counter() + seconds
+    end = time.perf_counter() + float(seconds)
     while time.perf_counter() < end or len(times) < 5:
         t = time.perf_counter()
         session.run(None, feeds)
         times.append(time.perf_counter() - t)
-    return 1000.0 * statistics.median(times)
+    print(1000.0 * statistics.median(times), flush=True)
+"""
+
+
+class App:
+    """The app: a process that holds every model's default onnxruntime session and times one on request."""
+
+    def __init__(self, models: list[str]) -> None:
+        repo = str(Path(__file__).resolve().parents[1])
+        self.proc = subprocess.Popen([sys.executable, "-c", APP, repo, ",".join(models)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the app process did not start")
+
+    def latency_ms(self, model: str, seconds: float) -> float:
+        self.proc.stdin.write(f"{model} {seconds}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def geomean(values: list[float]) -> float:
@@ -78,17 +124,16 @@ def main() -> int:
     parser.add_argument("--loads", default="0,1,2,4,mem", help="comma-separated: a number of busy processes, or mem")
     parser.add_argument("--seconds", type=float, default=1.5, help="timed runs per model and load, in all")
     parser.add_argument("--cycles", type=int, default=3, help="state+measurement / real-run alternations per model")
+    parser.add_argument("--window", type=float, default=0.5, help="seconds each state sample spans (the agent's: 1)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="calibration state dir (default: bench/.cache/state when its refresh reference is "
                              "current, else bench/.cache/state-under-load, calibrated --quick on first use)")
     args = parser.parse_args()
 
-    import onnxruntime as ort
     import psutil
 
     from agent.calibration_store import run_calibration
     from bench import zoo
-    from bench.groundtruth import _feeds
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
     from monitors.speed import speed_from_state
@@ -110,12 +155,9 @@ def main() -> int:
     models = []
     for name in args.models.split(","):
         model = zoo.BY_NAME[name]
-        path = model.path()
-        base = estimator.estimate(load_graph(path, inputs=model.inputs), device="cpu").latency_ms
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        plain = {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()}
-        models.append((name, base, session, _feeds(session, plain)))
+        models.append((name, estimator.estimate(load_graph(model.path(), inputs=model.inputs), device="cpu").latency_ms))
     measure()  # create the refresh sessions before timing anything
+    app = App([name for name, _ in models])
 
     sampler = Sampler()
     rows = []
@@ -128,10 +170,15 @@ def main() -> int:
             time.sleep(0.5)
             sampler.sample()
             time.sleep(0.5)
-            for name, base, session, feeds in models:
+            for name, base in models:
                 # Alternate state+measurement and real runs, so that both see the same background.
                 cycles: list[dict[str, float]] = []
                 for _ in range(args.cycles):
+                    time.sleep(PAUSE_S)  # the app's onnxruntime threads stop spinning
+                    sampler.sample()
+                    for _ in range(10):  # run-queue snapshots, as the agent takes them
+                        time.sleep(args.window / 10)
+                        sampler.tick()
                     state = sampler.sample()
                     now = measure()
                     measured = slowdown(now, reference) if reference else None
@@ -139,7 +186,7 @@ def main() -> int:
                     cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
                                    "D": demand_from_share(now) or float("nan"),
                                    "busy": state.cpu.others_busy_cores or 0.0, "runq": state.cpu.runnable_others or 0.0,
-                                   "real": real_latency_ms(session, feeds, args.seconds / args.cycles)})
+                                   "real": app.latency_ms(name, args.seconds / args.cycles)})
                 g = {k: geomean([c[k] for c in cycles]) if k in ("speed", "P", "M", "real")
                      else statistics.fmean(c[k] for c in cycles) for k in cycles[0]}
                 real, est = g["real"], base * g["speed"]
@@ -157,6 +204,7 @@ def main() -> int:
         finally:
             stop_load(procs)
         time.sleep(0.5)
+    app.close()
 
     def share(key: str, bound: float) -> str:
         values = [abs(r[key]) for r in rows if r[key] == r[key]]

@@ -32,6 +32,8 @@ EPP_POWER_FACTOR = 1.15
 UNSIZED_THROTTLING_FACTOR = 1.5
 MAX_CLOCK_FACTOR = 4.0
 MAX_FACTOR = 50.0
+# A prediction above this explains the slowdown it was measured in: the correction fades when it falls.
+FADE_FROM = 1.1
 # Weight of a measurement taken in the present state, vs the prediction (log space).
 MEASURED_WEIGHT = 0.5
 # A measurement can read a little faster than the reference (noise, turbo headroom).
@@ -118,10 +120,8 @@ def predict_cpu(state: DeviceState, threads: int) -> tuple[float, list[str]]:
 
     # Contention from other processes.
     cores = c.cores or max(1, threads)
-    demands = [d for d in (c.others_busy_cores, c.runnable_others) if d is not None]
-    if demands:
-        # Busy cores saturate at the core count; runnable tasks tell 2 busy processes from 6.
-        others = max(demands)
+    others = c.demand  # busy cores saturate at the core count; runnable tasks tell 2 busy processes from 6
+    if others is not None:
         contention = contention_factor(threads, others, cores, c.others_busy_cores)
         if contention > 1.0:
             reasons.append(f"{others:.1f} other tasks want a CPU")
@@ -168,20 +168,36 @@ def predict_gpu(state: DeviceState) -> tuple[float | None, int | None, list[str]
     return min(factor, MAX_FACTOR), g.memory_free_bytes, reasons
 
 
+def carried_correction(ratio: float, predicted: float, predicted_then: float) -> float:
+    """How much of a measurement's correction to the prediction (`ratio` = measured / predicted then)
+    still holds now.
+
+    All of it while the predicted slowdown holds or grows. As the prediction falls back toward the
+    calibrated speed the correction fades with it, in log space (the share of the slowdown that is
+    left): an error measured at 5x under load says nothing about a device that has gone quiet. A
+    measurement taken when the prediction was near 1 (nothing seen, something measured: say
+    throttling the signals miss) keeps all of it."""
+    if predicted_then <= FADE_FROM or predicted >= predicted_then:
+        return ratio
+    left = math.log(max(1.0, predicted)) / math.log(predicted_then)
+    return ratio ** left
+
+
 def combine(predicted: float, measured: float | None, measured_current: bool,
             predicted_then: float | None = None) -> float:
     """The rule of the module docstring; see docs/device-state.md.
 
     A measurement older than the last marked change is first carried over to the present
-    state: scaled by how the prediction moved since (`predicted_then`: the prediction when it
-    was taken). The measurement sizes the slowdown, the signals tell how it changed; so a load
-    that stops is believed at the next sample, not at the next warm refresh.
+    state: the present prediction times the measurement's correction to the prediction of its
+    time (`predicted_then`), faded as the slowdown it corrected goes away (carried_correction).
+    The measurement sizes the slowdown, the signals tell how it changed; so a load that stops is
+    believed at the next sample, not at the next warm refresh.
     """
     if measured is None or not math.isfinite(measured) or measured <= 0:
         return predicted
     if not measured_current:
         if predicted_then and predicted_then > 0:
-            measured = measured * predicted / predicted_then
+            measured = predicted * carried_correction(measured / predicted_then, predicted, predicted_then)
         return max(predicted, measured)
     return math.exp(MEASURED_WEIGHT * math.log(measured) + (1 - MEASURED_WEIGHT) * math.log(predicted))
 

@@ -8,8 +8,8 @@ do not look like contention.
 
 from __future__ import annotations
 
-import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,8 +18,6 @@ from probes.sysfs import KernelFiles, parse_float, take
 
 STATIC_TTL_S = 60.0
 LIMIT_TTL_S = 5.0
-RUNNABLE_TAU_S = 1.5
-RUNNABLE_RISE_TAU_S = 1.0
 _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
 
 
@@ -45,8 +43,9 @@ class CpuState:
     busy_cores: float | None  # cores busy with anything
     others_busy_cores: float | None  # cores busy with others than this process
     own_cores: float | None  # cores used by this process
-    # Tasks of others that want a CPU (running or waiting), smoothed over ~RUNNABLE_TAU_S. Unlike busy
-    # cores this does not saturate at the core count: it tells 2 busy processes on 2 cores from 6.
+    # Tasks of others that want a CPU (running or waiting): the mean of the run-queue snapshots taken
+    # over the interval (CpuProbe.tick), or one snapshot. Unlike busy cores this does not saturate at
+    # the core count: it tells 2 busy processes on 2 cores from 6.
     runnable_others: float | None
     steal: float | None  # share of CPU time taken by the hypervisor, 0..1
     psi_some_avg10: float | None  # % of the last 10 s some runnable task waited for a CPU
@@ -55,6 +54,21 @@ class CpuState:
     limit_mhz: float | None  # mean scaling_max_freq (a cap set by software or firmware)
     interval_s: float | None  # the window the load was measured over
     stale: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def demand(self) -> float | None:
+        """Other tasks wanting a CPU, on average over the interval.
+
+        Busy cores count the running ones exactly; the runnable count adds the waiting ones. A task
+        waits only while every core is busy, and busy_cores / cores bounds that share of the time,
+        so the excess of runnable over busy is weighted by it. Unweighted, a snapshot's stray task
+        on an idle device, or a queue that emptied halfway through the interval, would read as
+        contention."""
+        busy, runnable = self.others_busy_cores, self.runnable_others
+        if busy is None or runnable is None:
+            return busy if runnable is None else runnable
+        saturated = min(1.0, (self.busy_cores or 0.0) / self.cores) if self.cores else 1.0
+        return busy + saturated * max(0.0, runnable - busy)
 
     @property
     def clock_ratio(self) -> float | None:
@@ -88,6 +102,15 @@ def parse_proc_stat(text: str) -> CpuTimes | None:
             break
     return CpuTimes(busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal, cores=cores,
                     running=running)
+
+
+def parse_loadavg_running(text: str) -> int | None:
+    """`0.52 0.58 0.59 3/467 12345` -> 3 (tasks running or waiting for a CPU now, the reader included)."""
+    fields = text.split()
+    if len(fields) < 4:
+        return None
+    running, slash, _ = fields[3].partition("/")
+    return int(running) if slash and running.isdigit() else None
 
 
 def parse_psi_some_avg10(text: str) -> float | None:
@@ -126,7 +149,18 @@ class CpuProbe:
         self.own_cpu = own_cpu
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
         self._prev: tuple[CpuTimes, float, float] | None = None  # times, wall, own cpu
-        self._runnable: tuple[float, float] | None = None  # smoothed runnable others, at
+        self._snapshots_lock = threading.Lock()  # tick() runs on the event loop, sample() in a thread
+        self._snapshots = (0, 0)  # sum and count of the run-queue snapshots since the last sample
+
+    def tick(self) -> None:
+        """One run-queue snapshot (/proc/loadavg: a small file, cheap to read), taken between samples
+        so that runnable_others is a mean over the sample's interval instead of one snapshot, which
+        is noisy and would have to be smoothed over seconds; a failed read is skipped."""
+        running = parse_loadavg_running(self.proc.read_raw("loadavg", 256) or "")
+        if running is not None:
+            with self._snapshots_lock:
+                total, count = self._snapshots
+                self._snapshots = (total + running, count + 1)
 
     def sample(self) -> CpuState:
         stale: dict[str, float] = {}
@@ -150,7 +184,7 @@ class CpuProbe:
                         own_cores = min(busy_cores, times.cores * (own - own_before) / capacity_s)
                     others = max(0.0, busy_cores - own_cores)
                     load = others / times.cores
-        runnable = self._smooth_runnable(times, now)
+        runnable = self._runnable(times, own_cores)
         psi = take(self.proc.read("pressure/cpu", parse_psi_some_avg10), "cpu.psi_some_avg10", stale)
         cur, top, limit = self._clocks(stale)
         return CpuState(
@@ -169,23 +203,17 @@ class CpuProbe:
             stale=stale,
         )
 
-    def _smooth_runnable(self, times: CpuTimes | None, now: float) -> float | None:
-        """Exponential average of procs_running minus the reading thread itself.
-
-        It rises fast (RUNNABLE_RISE_TAU_S) and falls slowly (RUNNABLE_TAU_S): new load is believed
-        within a sample or two, so a monitor hears of a slowdown promptly, while a single quiet
-        snapshot in the middle of load does not clear it."""
-        if times is None or times.running is None:
-            return self._runnable[0] if self._runnable else None
-        value = max(0.0, float(times.running - 1))
-        if self._runnable is None:
-            self._runnable = (value, now)
-        else:
-            prev, then = self._runnable
-            tau = RUNNABLE_RISE_TAU_S if value > prev else RUNNABLE_TAU_S
-            alpha = 1.0 - math.exp(-max(0.0, now - then) / tau)
-            self._runnable = (prev + alpha * (value - prev), now)
-        return self._runnable[0]
+    def _runnable(self, times: CpuTimes | None, own_cores: float | None) -> float | None:
+        """Mean of the snapshots since the last sample and this one, less the reader in each and
+        this process's own cores."""
+        with self._snapshots_lock:
+            total, count = self._snapshots
+            self._snapshots = (0, 0)
+        if times is not None and times.running is not None:
+            total, count = total + times.running, count + 1
+        if count == 0:
+            return None
+        return max(0.0, total / count - 1.0 - (own_cores or 0.0))
 
     def _clocks(self, stale: dict[str, float]) -> tuple[float | None, float | None, float | None]:
         curs, maxes, limits = [], [], []

@@ -237,18 +237,12 @@ def slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None
     return speed if c_now is None else speed * c_now
 
 
-def _demand(cpu) -> float | None:
-    """Other tasks wanting a CPU: busy cores, or runnable tasks where those say more."""
-    values = [v for v in (cpu.others_busy_cores, cpu.runnable_others) if v is not None]
-    return max(values) if values else None
-
-
 @dataclass(frozen=True)
 class Marks:
     """The parts of a DeviceState whose change calls for a new measurement."""
 
     throttling: bool | None
-    others_busy_cores: float | None
+    demand: float | None  # other tasks wanting a CPU (CpuState.demand)
     power_mode: str | None
     plugged: bool | None
     limit_mhz: float | None
@@ -258,7 +252,7 @@ class Marks:
     def of(cls, state) -> "Marks":
         return cls(
             throttling=state.thermal.cpu_throttling,
-            others_busy_cores=_demand(state.cpu),
+            demand=state.cpu.demand,
             power_mode=state.power.power_mode,
             plugged=state.battery.plugged,
             limit_mhz=state.cpu.limit_mhz,
@@ -269,7 +263,7 @@ class Marks:
         """Why `other` is markedly different from these marks, or None."""
         if bool(self.throttling) != bool(other.throttling):
             return "throttling"
-        a, b = self.others_busy_cores, other.others_busy_cores
+        a, b = self.demand, other.demand
         if a is not None and b is not None and abs(a - b) > load_delta_cores:
             return "load"
         if self.power_mode != other.power_mode:

@@ -172,6 +172,10 @@ class Sampler:
             notes=tuple(notes),
         )
 
+    def tick(self) -> None:
+        """Called several times per sample interval: run-queue snapshots (CpuProbe.tick)."""
+        self.cpu.tick()
+
     def close(self) -> None:
         if self.gpu is not None:
             self.gpu.close()

@@ -45,6 +45,7 @@ class Tree:
             lines.append(f"cpu{i} {per(busy, i)} 0 0 {per(idle, i)} 0 0 0 {per(steal, i)} 0 0")
         lines += ["intr 12345 0 0", "ctxt 999", "btime 1700000000", "processes 1000", f"procs_running {running}", "procs_blocked 0"]
         self.set_proc("stat", "\n".join(lines) + "\n")
+        self.set_proc("loadavg", f"0.50 0.40 0.30 {running}/300 4242\n")
 
     def set_psi(self, cpu_some_avg10: float, memory_some_avg10: float = 0.0) -> None:
         self.set_proc("pressure/cpu", f"some avg10={cpu_some_avg10:.2f} avg60=0.00 avg300=0.00 total=1000\n"

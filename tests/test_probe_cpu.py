@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import time
 import pytest
 from sysfs_trees import desktop, laptop, vm
 
-from probes.cpu import CpuProbe, parse_proc_stat, parse_psi_some_avg10
+from probes.cpu import CpuProbe, CpuState, parse_loadavg_running, parse_proc_stat, parse_psi_some_avg10
 from probes.memory import MemoryProbe, parse_meminfo
 from probes.sysfs import KernelFiles
 
@@ -62,7 +63,40 @@ def test_vm_fixture_tree_counters_going_back_give_no_load(tmp_path):
     assert state.load is None
 
 
+def test_vm_fixture_tree_runnable_is_the_mean_of_the_snapshots_since_the_last_sample(tmp_path):
+    tree = vm(tmp_path)
+    probe = fixture_probe(tree)
+    probe.sample()
+    for running in (7, 7, 3):  # the run queue between samples: 6 others, 6, then 2 (the reader is one)
+        tree.set_proc("loadavg", f"1.0 1.0 1.0 {running}/300 4242\n")
+        probe.tick()
+    tree.set_proc("loadavg", "garbage\n")
+    probe.tick()  # skipped, not a zero
+    tree.set_stat(busy=5200, idle=14000, steal=1000, running=3)  # the sample's own snapshot: 2 others
+    assert probe.sample().runnable_others == pytest.approx((6 + 6 + 2 + 2) / 4)
+    tree.set_stat(busy=5400, idle=14000, steal=1000, running=1)
+    assert probe.sample().runnable_others == 0.0  # the snapshots were used up: only the sample's own
+
+
+def _cpu(busy_cores: float, others: float, runnable: float | None) -> CpuState:
+    return CpuState(cores=2, load=others / 2, busy_cores=busy_cores, others_busy_cores=others, own_cores=0.0,
+                    runnable_others=runnable, steal=0.0, psi_some_avg10=None, cur_mhz=None, max_mhz=None,
+                    limit_mhz=None, interval_s=1.0)
+
+
+def test_demand_counts_waiting_tasks_only_as_far_as_all_cores_were_busy():
+    assert _cpu(2.0, 2.0, 6.0).demand == pytest.approx(6.0)  # saturated: 4 more wait
+    assert _cpu(0.1, 0.1, 2.0).demand == pytest.approx(0.1 + 0.05 * 1.9)  # idle: a stray snapshot
+    assert _cpu(1.0, 1.0, 3.0).demand == pytest.approx(2.0)  # load that stopped halfway through
+    assert _cpu(1.5, 1.5, 1.0).demand == pytest.approx(1.5)  # never below the busy cores
+    assert _cpu(1.0, 1.0, None).demand == 1.0
+    assert dataclasses.replace(_cpu(1.0, 1.0, 3.0), others_busy_cores=None).demand == 3.0
+
+
 def test_parsers_reject_garbage():
+    assert parse_loadavg_running("0.52 0.58 0.59 3/467 12345\n") == 3
+    assert parse_loadavg_running("0.52 0.58 0.59 x/467 12345\n") is None
+    assert parse_loadavg_running("0.52 0.58\n") is None
     assert parse_proc_stat("cpu  a b c d\ncpu0 1 2 3 4\n") is None
     assert parse_proc_stat("intr 1 2\n") is None
     assert parse_proc_stat("cpu  1 2 3 4\n") is None  # no per-CPU lines: core count unknown

@@ -175,12 +175,19 @@ async def test_agent_on_a_laptop_fixture_tree_and_nvml_standin_keeps_running_whi
             assert created["data"]["meetsRequirement"] is True
             await c.subscribe(f"daop/{DEV}/monitors/m/events", qos=1)
 
+            # between samples the agent takes run-queue snapshots: 6 other tasks in /proc/loadavg
+            # count, though the samples' own /proc/stat snapshot reads none
+            tree.set_proc("loadavg", "6.00 6.00 6.00 7/300 4242\n")
+            await asyncio.sleep(0.5)
+            assert agent._last_state.cpu.runnable_others > 3.0, agent._last_state.cpu
+
             # the senses fail: files vanish or hold garbage, /proc/stat is junk, NVML loses the GPU
             shutil.rmtree(tree.sys / "class/thermal")
             tree.set("firmware/acpi/platform_profile", b"\xff\xfe\x00")
             for policy in (tree.sys / "devices/system/cpu/cpufreq").iterdir():
                 (policy / "scaling_cur_freq").write_text("n/a\n")
             tree.set_proc("stat", "cpu  garbage\n")
+            tree.set_proc("loadavg", "junk\n")
             tree.set_proc("pressure/cpu", "\x00" * 64)
             for name in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCount"):
                 gpu.fail[name] = pynvml.NVML_ERROR_GPU_IS_LOST

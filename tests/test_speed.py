@@ -182,7 +182,13 @@ _VM_STATE = _vm_state()
 def test_stale_measurement_is_carried_over_by_how_the_prediction_moved():
     # measured 3.5x slower under load the signals put at 3.2x; now the signals say 1.1x: the load has
     # gone, believed at once rather than at the next warm refresh
-    assert combine(1.1, 3.5, measured_current=False, predicted_then=3.2) == pytest.approx(3.5 * 1.1 / 3.2)
+    # (its 9 % correction fading with the 3.2x slowdown it corrected: 1.1 is log 1.1 / log 3.2 of it)
+    assert combine(1.1, 3.5, measured_current=False, predicted_then=3.2) == pytest.approx(
+        1.1 * (3.5 / 3.2) ** (math.log(1.1) / math.log(3.2)))
+    assert combine(1.0, 7.0, measured_current=False, predicted_then=3.0) == pytest.approx(1.0)  # all gone
+    assert combine(4.0, 4.5, measured_current=False, predicted_then=3.0) == pytest.approx(6.0)  # more load: kept
+    # measured 1.5x where the signals saw nothing (say, throttling they miss): kept through changes
+    assert combine(1.05, 1.5, measured_current=False, predicted_then=1.0) == pytest.approx(1.575)
     # measured quiet (1.0 at 1.0); load arrives (3.2): the prediction is believed at once too
     assert combine(3.2, 1.0, measured_current=False, predicted_then=1.0) == pytest.approx(3.2)
     # the measurement saw more than the signals: that surplus is kept through the change
