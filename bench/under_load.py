@@ -44,6 +44,7 @@ DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "resnet18-b1-224x224",
                   "mlp-1024x4-b32")
 BUSY = "while True: pass"
 PAUSE_S = 0.1
+WARM_UP_S = 0.1  # untimed runs before each timed window, as bench/groundtruth.py warms up
 MEMORY_HOG = (
     "import numpy as np\n"
     "a = np.ones(64 << 20); b = np.empty_like(a)\n"  # 2 x 512 MB, resident
@@ -78,11 +79,14 @@ for name in sys.argv[2].split(","):
     feeds = _feeds(session, {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()})
     session.run(None, feeds)
     sessions[name] = (session, feeds)
+WARM_UP_S = float(sys.argv[3])
 print("ready", flush=True)
 for line in sys.stdin:
     name, seconds = line.split()
     session, feeds = sessions[name]
-    session.run(None, feeds)
+    warm = time.perf_counter() + WARM_UP_S
+    while time.perf_counter() < warm:
+        session.run(None, feeds)
     times = []
     end = time.perf_counter() + float(seconds)
     while time.perf_counter() < end or len(times) < 5:
@@ -98,7 +102,8 @@ class App:
 
     def __init__(self, models: list[str]) -> None:
         repo = str(Path(__file__).resolve().parents[1])
-        self.proc = subprocess.Popen([sys.executable, "-c", APP, repo, ",".join(models)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", APP, repo, ",".join(models), str(WARM_UP_S)],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the app process did not start")
