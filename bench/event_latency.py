@@ -8,7 +8,10 @@ Runs the real agent (`daop-agent run --local-broker`) on this machine's real
 the loaded latency of a tier bound, then repeatedly starts `--busy` busy
 processes and stops them, timing each change until the subscriber has the
 event. Prints p50/p95 for both directions, in ms and in sample intervals
-(target: within 2 sample intervals).
+(target: within 2 sample intervals). The agent runs with `min_dwell_s = 1`
+and `max_events_per_minute = 60`: each state is held `--hold` seconds, and
+the defaults (2 s, 6 a minute) guard against flapping, which is not what
+is timed here.
 
 `--profile-switch` times the same path with a change the signals see exactly:
 the agent reads a fixture /sys tree whose ACPI platform profile the bench
