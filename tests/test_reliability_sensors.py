@@ -85,6 +85,7 @@ def test_laptop_fixture_tree_vandalised_files_never_break_the_sampler(tmp_path_f
             gpu.fail[data.draw(st.sampled_from(["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
                                                 "nvmlDeviceGetTemperature", "nvmlDeviceGetCurrentClocksEventReasons"]))] \
                 = pynvml.NVML_ERROR_GPU_IS_LOST
+        sampler.tick()  # a run-queue snapshot from whatever /proc/loadavg now holds
         state = sampler.sample()
         out = state.to_json()
         json.dumps(out)  # serialisable, no NaN sneaking in as a float
