@@ -289,7 +289,7 @@ class Agent:
             policy = self._refresh_policy
             if policy is not None:
                 if self._pending_measurement is not None:
-                    self._take_measurement(policy, state, *self._pending_measurement)
+                    self._take_measurement(state, *self._pending_measurement)
                 policy.observe(state, started)
                 if policy.due(started) and not self._refresh_busy:
                     self._refresh_busy = True  # until its measurement is taken: one refresh at a time
@@ -302,7 +302,7 @@ class Agent:
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, interval - elapsed))
 
-    def _take_measurement(self, policy: Any, state: Any, measured: float | None, at: float, cpu_s: float) -> None:
+    def _take_measurement(self, state: Any, measured: float | None, at: float, cpu_s: float) -> None:
         """A warm refresh's slowdown, paired with the first sample taken after it: that sample's
         interval holds the refresh, so both describe the same load (the sample before it may
         predate a load that had just started or stopped)."""
@@ -310,7 +310,7 @@ class Agent:
 
         self._pending_measurement = None
         self._refresh_busy = False
-        policy.refreshed(state, at, cpu_s)
+        self._refresh_policy.refreshed(state, at, cpu_s)
         self._measured = measured
         self._measured_predicted = predict_cpu(state, self._cores)[0]
 

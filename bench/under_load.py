@@ -66,7 +66,7 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
 
 
 APP = """
-import json, statistics, sys, time
+import statistics, sys, time
 import onnxruntime as ort
 sys.path.insert(0, sys.argv[1])
 from bench import zoo
@@ -103,8 +103,7 @@ class App:
     def __init__(self, models: list[str]) -> None:
         repo = str(Path(__file__).resolve().parents[1])
         self.proc = subprocess.Popen([sys.executable, "-c", APP, repo, ",".join(models), str(WARM_UP_S)],
-                                     stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the app process did not start")
 
@@ -138,6 +137,7 @@ def main() -> int:
     import psutil
 
     from agent.calibration_store import run_calibration
+    from agent.service import TICKS_PER_SAMPLE
     from bench import zoo
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
@@ -180,11 +180,7 @@ def main() -> int:
                 cycles: list[dict[str, float]] = []
                 for _ in range(args.cycles):
                     time.sleep(PAUSE_S)  # the app's onnxruntime threads stop spinning
-                    sampler.sample()
-                    for _ in range(10):  # run-queue snapshots, as the agent takes them
-                        time.sleep(args.window / 10)
-                        sampler.tick()
-                    state = sampler.sample()
+                    state = sampler.sample_over(args.window, TICKS_PER_SAMPLE)  # as the agent samples
                     now = measure()
                     measured = slowdown(now, reference) if reference else None
                     speed = speed_from_state(state, measured, threads, measured_current=True)

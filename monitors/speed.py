@@ -6,11 +6,12 @@ measure one. How the two are combined (docs/device-state.md):
 
 * no measurement: the prediction;
 * a measurement older than the last marked state change: carried over to the
-  present state (scaled by how the prediction moved since it was taken), then
+  present state (the present prediction times the measurement's correction to
+  the prediction of its time, faded as that slowdown goes away), then
   the slower of the two, because an app would rather fall back to the cloud
   than miss its frame budget on a slowdown nobody has confirmed yet;
-* a measurement taken in the present state: mostly the measurement,
-  blended in log space with the prediction (weight MEASURED_WEIGHT),
+* a measurement taken in the present state: blended in log space with the
+  prediction (weight MEASURED_WEIGHT),
   because short probes are noisy under time slicing.
 """
 

@@ -176,6 +176,16 @@ class Sampler:
         """Called several times per sample interval: run-queue snapshots (CpuProbe.tick)."""
         self.cpu.tick()
 
+    def sample_over(self, window_s: float, ticks: int = 10) -> DeviceState:
+        """The state over a window of its own, for one-shot readers (`state`, `estimate`): load is a
+        delta between two samples, and the run queue a mean of `ticks` snapshots across the window;
+        one snapshot alone often catches a stray task on an idle device."""
+        self.sample()
+        for _ in range(ticks):
+            time.sleep(window_s / ticks)
+            self.tick()
+        return self.sample()
+
     def close(self) -> None:
         if self.gpu is not None:
             self.gpu.close()

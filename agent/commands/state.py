@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 from monitors.errors import BadInput
 from probes.state import DeviceState, Sampler
 
 HELP = "Show the device state as the agent sees it (thermal, battery, power mode, CPU, GPUs)."
-# Load is a delta of /proc/stat between two samples this far apart.
+# Load is a delta of /proc/stat between two samples this far apart (Sampler.sample_over).
 LOAD_WINDOW_S = 0.2
 
 
@@ -29,9 +28,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if sampler.ppd is not None:
             sampler.ppd.wait(1.0)
-        sampler.sample()
-        time.sleep(LOAD_WINDOW_S)
-        state = sampler.sample()
+        state = sampler.sample_over(LOAD_WINDOW_S)
     finally:
         sampler.close()
     if args.json:
