@@ -51,11 +51,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _present_speed():
     """The device's present speed, predicted from its state (no warm refresh for one estimate)."""
+    from agent.commands.state import LOAD_WINDOW_S
     from monitors.speed import speed_from_state
     from probes.refresh import default_threads
     from probes.state import Sampler
 
-    return speed_from_state(Sampler().sample(), measured=None, cores=default_threads())
+    sampler = Sampler()
+    try:
+        return speed_from_state(sampler.sample_over(LOAD_WINDOW_S), measured=None, cores=default_threads())
+    finally:
+        sampler.close()
 
 
 def _print_kernels(estimator, graph, device: str) -> None:
