@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 3  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate
+FORMAT_VERSION = 4  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+# 4: the cache size measured, not reported; overheads from the wall clock alone
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Calibration:
     created: float = 0.0  # unix time
     refresh_reference: dict[str, float] = field(default_factory=dict)  # warm-refresh probe times right after
     stream_bytes_per_s: float = 0.0  # weights read from memory when they cannot stay cached (0: unmeasured)
+    cache_bytes: int = 0  # the cache weights stay in between inferences, as measured (0: unmeasured)
 
     @property
     def device(self) -> str:
@@ -54,6 +56,7 @@ class Calibration:
                 "created": self.created,
                 "refresh_reference": self.refresh_reference,
                 "stream_bytes_per_s": self.stream_bytes_per_s,
+                "cache_bytes": self.cache_bytes,
             },
             indent=1,
         )
@@ -81,4 +84,5 @@ class Calibration:
             created=float(d.get("created", 0.0)),
             refresh_reference={str(k): float(v) for k, v in d.get("refresh_reference", {}).items()},
             stream_bytes_per_s=float(d.get("stream_bytes_per_s", 0.0)),
+            cache_bytes=int(d.get("cache_bytes", 0)),
         )

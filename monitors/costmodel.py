@@ -127,7 +127,7 @@ class CostModel:
         self.calibration = calibration
         self._interp = {f: build_interpolator(f, t) for f, t in calibration.tables.items()}
         self._cache: dict[tuple[str, str, tuple[float, ...]], float] = {}
-        self.cache_bytes = int(calibration.fingerprint.get("llc_bytes", "0") or 0)
+        self.cache_bytes = calibration.cache_bytes or int(calibration.fingerprint.get("llc_bytes", "0") or 0)
         self.stream_bytes_per_s = calibration.stream_bytes_per_s  # 0 where unmeasured (GPU): no cold pricing
 
     def table(self, k: Kernel) -> str:

@@ -90,3 +90,44 @@ def test_memory_kernels_use_their_own_op_table_else_the_family_representative():
     assert cm.kernel_seconds(Kernel("eltwise", (n,), n, "Where")) == pytest.approx(10 * cm.kernel_seconds(
         Kernel("eltwise", (n,), n, "Add")))
     assert cm.kernel_seconds(Kernel("eltwise", (n,), n, "Sub")) == cm.kernel_seconds(Kernel("eltwise", (n,), n, "Add"))
+
+
+def _gemv_plan(side: int) -> Plan:
+    k = Kernel("gemm", (1.0, float(side), float(side)), 2.0 * side * side, "MatMul")
+    return Plan(kernels=(k,), weight_bytes=4 * side * side)
+
+
+def test_weights_beyond_the_measured_cache_stream_at_the_measured_rate():
+    side = 4096  # 64 MiB of weights
+    table = _gemm_table()
+    cal = dict(fingerprint={"device": "cpu", "llc_bytes": str(256 * 2 ** 20)}, tables={"gemm": table},
+               per_kernel_s=0.0, per_run_s=0.0, stream_bytes_per_s=5e9)
+    held_small = CostModel(Calibration(**cal, cache_bytes=32 * 2 ** 20))
+    held_large = CostModel(Calibration(**cal, cache_bytes=512 * 2 ** 20))
+    unmeasured = CostModel(Calibration(**cal))  # falls back to the reported 256 MiB
+    streamed = held_small.seconds(_gemv_plan(side))
+    assert streamed == pytest.approx(4 * side * side / 5e9)
+    assert held_large.seconds(_gemv_plan(side)) == pytest.approx(unmeasured.seconds(_gemv_plan(side)))
+    assert held_large.seconds(_gemv_plan(side)) < streamed / 3
+
+
+def test_cache_is_where_the_read_rate_falls_to_memorys():
+    from probes.microbench import memory_levels
+
+    mib = 2 ** 20
+    rates = [(1 * mib, 90e9), (2 * mib, 95e9), (8 * mib, 50e9), (32 * mib, 48e9), (64 * mib, 47e9),
+             (128 * mib, 24e9), (256 * mib, 22e9)]
+    levels = memory_levels(rates, reported_cache=260 * mib)
+    assert levels.cache_bytes == 64 * mib and levels.stream_bytes_per_s == 22e9
+    flat = [(s, 30e9) for s, _ in rates]
+    assert memory_levels(flat, reported_cache=260 * mib).cache_bytes == 260 * mib
+
+
+def test_memory_sweep_measures_a_rate_for_every_working_set():
+    from probes.microbench import measure_memory
+
+    levels = measure_memory(reported_cache=4 * 2 ** 20, reads=2 ** 24)  # up to 16 MiB, the least it sweeps
+    assert [s for s, _ in levels.rates] == [2 ** k for k in range(20, 25)]
+    assert all(r > 1e8 for _, r in levels.rates)
+    assert levels.cache_bytes in [s for s, _ in levels.rates] + [4 * 2 ** 20]
+    assert levels.stream_bytes_per_s == levels.rates[-1][1]
