@@ -6,7 +6,8 @@ session run measures a whole slice of a grid and session creation is paid a
 few times per family, not once per point. Points whose work would take too
 long are skipped; the cost model extrapolates to them (monitors/costmodel.py).
 Per-kernel dispatch and per-run overheads are measured with chains of tiny
-kernels timed by the wall clock.
+kernels timed by the wall clock; the cache that really holds weights between
+inferences, and the rate beyond it, by reads over growing working sets.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable, Iterable
 import numpy as np
 import onnx
 import onnxruntime as ort
+import psutil
 from onnx import TensorProto, helper, numpy_helper
 
 from monitors.calibration import FORMAT_VERSION, Calibration, FamilyTable
@@ -361,8 +363,6 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
     is the rate beyond it (it matches onnxruntime's own within 10 % on the machine measured). Each
     working set is read `reads` bytes' worth, at least three times; the fastest pass counts.
     """
-    import psutil
-
     width = 4096
     cap = min(max(2 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20, psutil.virtual_memory().available // 4)
     sizes = [2 ** k for k in range(20, 30) if 2 ** k <= cap]
