@@ -431,26 +431,37 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # the cache that is really held measured every model 15-20 % fast.
     budget_bytes = max(min(96 * 2 ** 20, last_level_cache_bytes() // 2), 4 * 2 ** 20)
     bias = profiler_bias(providers, rng) if device == "cpu" else 0.0
-    for grid, pts in plan:
-        measured: dict[tuple[float, ...], float] = {}
-        # The grid (twice in full calibration: a whole session can be disturbed), then up to two passes
-        # over the points that still look disturbed; each point keeps its fastest time.
-        grid_passes = 1 if quick else 2
-        for attempt in range(grid_passes + 2):
-            todo = pts if attempt < grid_passes else _disturbed(grid, measured)
-            for batch in _batches(grid.family, todo, budget_bytes):
-                built = [_point(grid.family, p, f"{grid.family}{i}", rng) for i, p in enumerate(batch)]
-                if device == "gpu":
-                    times = _gpu_times(built, runs, rng)
-                else:
-                    times = _profile(_model(built), [b.output for b in built], runs, providers, rng, bias)
-                for p, b in zip(batch, built):
-                    if times.get(b.output, 0) > 0:
-                        measured[p] = min(times[b.output], measured.get(p, math.inf))
-                if attempt < grid_passes:
-                    done += len(batch) / grid_passes
-                    if progress:
-                        progress(grid.family, round(done), total)
+
+    def measure(grid: Grid, pts: list[tuple[float, ...]]) -> Iterable[tuple[list[tuple[float, ...]], dict]]:
+        for batch in _batches(grid.family, pts, budget_bytes):
+            built = [_point(grid.family, p, f"{grid.family}{i}", rng) for i, p in enumerate(batch)]
+            if device == "gpu":
+                times = _gpu_times(built, runs, rng)
+            else:
+                times = _profile(_model(built), [b.output for b in built], runs, providers, rng, bias)
+            yield batch, {p: times[b.output] for p, b in zip(batch, built) if times.get(b.output, 0) > 0}
+
+    # Every point is read in each of three passes over all the grids (one in quick calibration), so that
+    # its readings lie seconds apart, and keeps the median: on a shared host the speed shifts for
+    # seconds at a time, both ways, and one pass can catch a whole family fast or slow.
+    passes = 1 if quick else 3
+    readings: dict[str, dict[tuple[float, ...], list[float]]] = {grid.family: {} for grid, _ in plan}
+    for _ in range(passes):
+        for grid, pts in plan:
+            for batch, times in measure(grid, pts):
+                for p, t in times.items():
+                    readings[grid.family].setdefault(p, []).append(t)
+                done += len(batch) / passes
+                if progress:
+                    progress(grid.family, round(done), total)
+    for grid, _ in plan:
+        measured = {p: float(np.median(ts)) for p, ts in readings[grid.family].items()}
+        # Then up to two passes over the points that still look disturbed (much slower than their
+        # neighbours); each keeps its fastest time. A real cliff (out of the cache) reads the same again.
+        for _ in range(2):
+            for _, times in measure(grid, _disturbed(grid, measured)):
+                for p, t in times.items():
+                    measured[p] = min(t, measured[p])
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
     per_kernel, per_run = measure_overheads(providers, rng, reps=100 if quick else 300)
     done += 1
