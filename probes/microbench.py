@@ -248,8 +248,8 @@ def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str,
 
 
 def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: list[str],
-             rng: np.random.Generator, bias: float = 0.0) -> dict[str, float]:
-    """Median kernel time (seconds) of each timed output's kernel, from onnxruntime's profiler."""
+             rng: np.random.Generator) -> dict[str, float]:
+    """Each timed output's kernel time (seconds) as onnxruntime's profiler reads it, its own cost included."""
     with tempfile.TemporaryDirectory(prefix="daop-cal-") as tmp:
         so = ort.SessionOptions()
         so.enable_profiling = True
@@ -271,19 +271,28 @@ def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: l
     # The first run warms caches and the allocator: drop it. Of the rest, take the fastest: other
     # processes only ever add time (a parallel kernel whose second thread is descheduled waits a whole
     # time slice), so the minimum is the steadiest view of the device at rest.
-    # The profiler's own cost per timed kernel (`bias`, 4-9 us on a slow virtual machine) is taken off in
-    # full: a kernel that reads no more than the bias costs next to nothing beyond its dispatch, which
-    # the per-kernel overhead (wall-clock, below) already prices.
-    best = {k: float(min(v[1:] if len(v) > 1 else v)) for k, v in times.items() if v}
-    return {k: max(t - bias, 1e-8) for k, t in best.items()}
+    return {k: float(min(v[1:] if len(v) > 1 else v)) for k, v in times.items() if v}
 
 
-def profiler_bias(providers: list[str], rng: np.random.Generator, length: int = 64) -> float:
-    """What onnxruntime's profiler adds to each kernel it times: its reading of kernels that cost nearly nothing."""
-    model = _chain_model(length)
-    outs = [f"t{i + 1}" for i in range(length)]
-    times = _profile(model, outs, 5, providers, rng)
-    return float(np.mean(list(times.values())))  # the mean: readings are whole microseconds
+BIAS_PROBES = 16  # kernels that do nothing, beside the points of every profiled session
+
+
+def _profile_points(points: list[_Point], runs: int, providers: list[str],
+                    rng: np.random.Generator) -> dict[str, float]:
+    """Each point's own kernel time (seconds): the profiler's reading less the profiler's own cost per
+    timed kernel, read in the same session on a chain of kernels that do nothing.
+
+    That cost is 4-9 us on a slow virtual machine, in whole microseconds, and it moves with the
+    host's speed, so it is read beside the points rather than once, and taken off in full: a kernel
+    that reads no more than it costs next to nothing beyond its dispatch, which the per-kernel
+    overhead (wall clock, below) prices.
+    """
+    names = [f"bias{i + 1}" for i in range(BIAS_PROBES)]
+    probe = _Point([helper.make_node("Relu", [f"bias{i}"], [n], name=n) for i, n in enumerate(names)],
+                   [helper.make_tensor_value_info("bias0", TensorProto.FLOAT, [16])], [], names[-1])
+    read = _profile(_model(points + [probe]), [p.output for p in points] + names, runs, providers, rng)
+    bias = float(np.mean([read[n] for n in names if n in read] or [0.0]))  # the mean: whole microseconds
+    return {p.output: max(read[p.output] - bias, 1e-8) for p in points if p.output in read}
 
 
 def _gpu_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dict[str, float]:
@@ -430,7 +439,6 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # beyond the cache: costmodel.py). Half the reported cache, not the measured one: a session within
     # the cache that is really held measured every model 15-20 % fast.
     budget_bytes = max(min(96 * 2 ** 20, last_level_cache_bytes() // 2), 4 * 2 ** 20)
-    bias = profiler_bias(providers, rng) if device == "cpu" else 0.0
 
     def measure(grid: Grid, pts: list[tuple[float, ...]]) -> Iterable[tuple[list[tuple[float, ...]], dict]]:
         for batch in _batches(grid.family, pts, budget_bytes):
@@ -438,7 +446,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             if device == "gpu":
                 times = _gpu_times(built, runs, rng)
             else:
-                times = _profile(_model(built), [b.output for b in built], runs, providers, rng, bias)
+                times = _profile_points(built, runs, providers, rng)
             yield batch, {p: times[b.output] for p, b in zip(batch, built) if times.get(b.output, 0) > 0}
 
     # Every point is read in each of three passes over all the grids (one in quick calibration), so that
