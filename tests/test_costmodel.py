@@ -131,3 +131,18 @@ def test_memory_sweep_measures_a_rate_for_every_working_set():
     assert all(r > 1e8 for _, r in levels.rates)
     assert levels.cache_bytes in [s for s, _ in levels.rates] + [4 * 2 ** 20]
     assert levels.stream_bytes_per_s == levels.rates[-1][1]
+
+
+def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():
+    import numpy as np
+
+    from probes.microbench import _model, _point, _profile, _profile_points
+
+    rng = np.random.default_rng(0)
+    points = [_point("Relu", (256.0,), "small", rng), _point("gemm", (64.0, 256.0, 256.0), "big", rng)]
+    cpu = ["CPUExecutionProvider"]
+    own = _profile_points(points, 3, cpu, rng)
+    read = _profile(_model(points), [p.output for p in points], 3, cpu, rng)
+    assert set(own) == {"y_small", "y_big"}
+    assert own["y_small"] < 0.5 * read["y_small"]  # a kernel that does next to nothing: mostly the profiler
+    assert own["y_big"] > 10 * own["y_small"]
