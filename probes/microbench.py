@@ -84,7 +84,7 @@ _NOISE: list[np.ndarray] = []
 
 def _noise(shape: Iterable[int], rng: np.random.Generator) -> np.ndarray:
     """Standard normal numbers of `shape`, a view of one pool drawn once: drawing 64 MiB of weights
-    afresh for every point and pass took a fifth of a calibration. (A kernel's speed does not
+    afresh for every point and pass took half of a calibration. (A kernel's speed does not
     depend on which normal numbers it gets.)"""
     shape = tuple(int(d) for d in shape)
     count = math.prod(shape)
@@ -436,8 +436,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     memory = measure_memory(last_level_cache_bytes()) if device == "cpu" else MemoryLevels(0, 0.0, ())
     # Tensors per calibration session: about as many as pass through the cache between one inference
     # of a model and the next, so that a point's operands are about as warm as a model's are (weights
-    # beyond the cache: costmodel.py). Half the reported cache, not the measured one: a session within
-    # the cache that is really held measured every model 15-20 % fast.
+    # beyond the cache: costmodel.py). Half the reported cache, not the measured one: sessions within the
+    # cache that is really held read models faster and spread more (docs/accuracy.md).
     budget_bytes = max(min(96 * 2 ** 20, last_level_cache_bytes() // 2), 4 * 2 ** 20)
 
     def measure(grid: Grid, pts: list[tuple[float, ...]]) -> Iterable[tuple[list[tuple[float, ...]], dict]]:
