@@ -47,6 +47,7 @@ from monitors.errors import BadInput
 from monitors.monitor import DEVICE_INDEX, MonitorTable, initial_meets
 from monitors.tiers import bound_ms, tier_for
 from probes.refresh import default_threads
+from probes.state import TICKS_PER_SAMPLE
 
 log = logging.getLogger("daop-agent")
 
@@ -59,8 +60,7 @@ PUBLISH_BATCH = 256
 MAX_CONCURRENT_REQUESTS = 64
 MAX_PENDING_REQUESTS = 2000   # beyond this many requests in hand, answer 'busy' at once
 CALIBRATION_WAIT_S = 180.0
-TICKS_PER_SAMPLE = 10         # run-queue snapshots per sample interval, ...
-MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # ... at most 50 and at least 4 per second
+MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,6 @@ def main() -> int:
     import psutil
 
     from agent.calibration_store import run_calibration
-    from agent.service import TICKS_PER_SAMPLE
     from bench import zoo
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
@@ -180,7 +179,7 @@ def main() -> int:
                 cycles: list[dict[str, float]] = []
                 for _ in range(args.cycles):
                     time.sleep(PAUSE_S)  # the app's onnxruntime threads stop spinning
-                    state = sampler.sample_over(args.window, TICKS_PER_SAMPLE)  # as the agent samples
+                    state = sampler.sample_over(args.window)  # as the agent samples
                     now = measure()
                     measured = slowdown(now, reference) if reference else None
                     speed = speed_from_state(state, measured, threads, measured_current=True)

@@ -433,12 +433,13 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     done = 0.0
     tables: dict[str, FamilyTable] = {}
     runs = 3 if quick else 5
-    memory = measure_memory(last_level_cache_bytes()) if device == "cpu" else MemoryLevels(0, 0.0, ())
+    reported_cache = last_level_cache_bytes()
+    memory = measure_memory(reported_cache) if device == "cpu" else MemoryLevels(0, 0.0, ())
     # Tensors per calibration session: about as many as pass through the cache between one inference
     # of a model and the next, so that a point's operands are about as warm as a model's are (weights
     # beyond the cache: costmodel.py). Half the reported cache, not the measured one: sessions within the
     # cache that is really held read models faster and spread more (docs/accuracy.md).
-    budget_bytes = max(min(96 * 2 ** 20, last_level_cache_bytes() // 2), 4 * 2 ** 20)
+    budget_bytes = max(min(96 * 2 ** 20, reported_cache // 2), 4 * 2 ** 20)
 
     def measure(grid: Grid, pts: list[tuple[float, ...]]) -> Iterable[tuple[list[tuple[float, ...]], dict]]:
         for batch in _batches(grid.family, pts, budget_bytes):

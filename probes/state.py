@@ -22,6 +22,9 @@ from probes.power_supply import PowerSupplyProbe, PowerSupplyState
 from probes.sysfs import KernelFiles
 from probes.thermal import ThermalState, ThermalProbe
 
+TICKS_PER_SAMPLE = 10  # run-queue snapshots (Sampler.tick) per sample interval
+ONE_SHOT_WINDOW_S = 0.2  # the window a one-shot reader samples over (load is a delta between two samples)
+
 
 @dataclass(frozen=True)
 class DeviceState:
@@ -176,13 +179,13 @@ class Sampler:
         """Called several times per sample interval: run-queue snapshots (CpuProbe.tick)."""
         self.cpu.tick()
 
-    def sample_over(self, window_s: float, ticks: int = 10) -> DeviceState:
+    def sample_over(self, window_s: float = ONE_SHOT_WINDOW_S) -> DeviceState:
         """The state over a window of its own, for one-shot readers (`state`, `estimate`): load is a
-        delta between two samples, and the run queue a mean of `ticks` snapshots across the window;
-        one snapshot alone often catches a stray task on an idle device."""
+        delta between two samples, and the run queue a mean of TICKS_PER_SAMPLE snapshots across the
+        window; one snapshot alone often catches a stray task on an idle device."""
         self.sample()
-        for _ in range(ticks):
-            time.sleep(window_s / ticks)
+        for _ in range(TICKS_PER_SAMPLE):
+            time.sleep(window_s / TICKS_PER_SAMPLE)
             self.tick()
         return self.sample()
 

@@ -51,14 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _present_speed():
     """The device's present speed, predicted from its state (no warm refresh for one estimate)."""
-    from agent.commands.state import LOAD_WINDOW_S
     from monitors.speed import speed_from_state
     from probes.refresh import default_threads
     from probes.state import Sampler
 
     sampler = Sampler()
     try:
-        return speed_from_state(sampler.sample_over(LOAD_WINDOW_S), measured=None, cores=default_threads())
+        return speed_from_state(sampler.sample_over(), measured=None, cores=default_threads())
     finally:
         sampler.close()
 

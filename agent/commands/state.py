@@ -10,8 +10,6 @@ from monitors.errors import BadInput
 from probes.state import DeviceState, Sampler
 
 HELP = "Show the device state as the agent sees it (thermal, battery, power mode, CPU, GPUs)."
-# Load is a delta of /proc/stat between two samples this far apart (Sampler.sample_over).
-LOAD_WINDOW_S = 0.2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if sampler.ppd is not None:
             sampler.ppd.wait(1.0)
-        state = sampler.sample_over(LOAD_WINDOW_S)
+        state = sampler.sample_over()
     finally:
         sampler.close()
     if args.json:
