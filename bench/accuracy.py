@@ -63,13 +63,12 @@ def load_estimator(state_dir: Path) -> Any:
     return Estimator.load(state_dir, device="cpu")
 
 
-def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int,
-             rounds: int = 1) -> Row:
+def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int) -> Row:
     """One row: build the file if needed, measure (or reuse) the real latency, then estimate."""
     row = Row(model.name, model.family)
     path = model.path()
     try:
-        real = groundtruth.measure(path, model.inputs, repeats=min_repeats, remeasure=remeasure, rounds=rounds)
+        real = groundtruth.measure(path, model.inputs, repeats=min_repeats, remeasure=remeasure)
         row.real_ms, row.real_iqr_ms, row.real_min_ms = real["median_ms"], real["iqr_ms"], real["min_ms"]
         row.real_tier = tier_for(row.real_ms)
     except (RuntimeError, OSError, ValueError) as exc:
@@ -153,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-only", action="store_true", help="ground truth only; do not load the estimator")
     parser.add_argument("--min-repeats", type=int, default=groundtruth.MIN_REPEATS)
     parser.add_argument("--rounds", type=int, default=1,
-                        help="with --remeasure: measure each model in this many fresh processes, keep the quietest")
+                        help="measure the models in this many rounds over all of them, each in a fresh process, "
+                             "and keep each model's quietest")
     args = parser.parse_args(argv)
 
     models = zoo.ZOO
@@ -176,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
 
         estimator = load_estimator(args.state_dir or default_state_dir())
 
+    remeasure = args.remeasure
+    if args.rounds > 1:  # rounds over the whole zoo, minutes apart (groundtruth.measure_spread)
+        groundtruth.measure_spread([(m.path(), m.inputs) for m in models], args.rounds, args.min_repeats,
+                                   remeasure=remeasure, log=lambda line: print(line, file=sys.stderr))
+        remeasure = False
     print(HEADER)
     rows: list[Row] = []
     for model in models:
-        row = evaluate(model, estimator, args.remeasure, args.min_repeats, args.rounds)
+        row = evaluate(model, estimator, remeasure, args.min_repeats)
         rows.append(row)
         print(format_row(row), flush=True)
     print()

@@ -31,19 +31,25 @@ from monitors.planner import memory_family
 
 
 def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: float,
-              out_bytes: float) -> Kernel | None:
+              out_bytes: float, name: str = "") -> Kernel | None:
     """The cost-model kernel for one profiled onnxruntime kernel."""
     if op in ("Conv", "FusedConv") and len(shapes) >= 2 and len(shapes[1]) == 4:
         x, w = shapes[0], shapes[1]
         cout, cin_g, kh, kw = w
         groups = max(x[1] // max(cin_g, 1), 1)
         m = out_bytes / 4 / max(cout, 1)
+        # The profile does not list a fused activation; a blocked kernel is named after its final output,
+        # as in ".../Clip_output_0_nchwc", and all but Relu cost a pass over the output (planner.py).
+        last = name.rsplit("/", 1)[-1]
+        act = next((a for a in ("Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh") if a in last), None)
+        epilogue = Kernel(memory_family(act), (2 * out_bytes,), 2 * out_bytes, act) if act and "_nchwc" in last \
+            else None
         if groups > 1 and cin_g == 1 and cout == x[1]:
-            return Kernel("dwconv", (cout, m, kh * kw), 2.0 * cout * m * kh * kw, op)
+            return Kernel("dwconv", (cout, m, kh * kw), 2.0 * cout * m * kh * kw, op, epilogue=epilogue)
         fam = "conv1x1" if kh * kw == 1 else "conv"
         k = cin_g * kh * kw
         co = cout // groups
-        return Kernel(fam, (m, k, co), 2.0 * m * k * co * groups, op)
+        return Kernel(fam, (m, k, co), 2.0 * m * k * co * groups, op, epilogue=epilogue)
     if op in ("MatMul", "FusedMatMul", "Gemm") and shapes:
         a = shapes[0]
         # a weight onnxruntime has prepacked is not listed among the inputs
@@ -107,7 +113,7 @@ def main() -> None:
         shapes = [list(d.values())[0] for d in a.get("input_type_shape", [])]
         outs = [list(d.values())[0] for d in a.get("output_type_shape", [])]
         k = kernel_of(a["op_name"], shapes, outs[0] if outs else [], float(a.get("activation_size", 0)),
-                      float(a.get("output_size", 0)))
+                      float(a.get("output_size", 0)), name)
         real = float(np.median(durs))
         pred = cm.kernel_seconds(k) if k else float("nan")
         fam = k.family if k else f"?{a['op_name']}"

@@ -153,7 +153,8 @@ class CostModel:
             hit = (interp(k.params), floor_work / math.exp(interp(floor)) if floor_work else 0.0)
             self._cache[key] = hit
         log_eff, floor_s = hit
-        return k.repeat * max(k.work / math.exp(log_eff), floor_s)
+        own = k.repeat * max(k.work / math.exp(log_eff), floor_s)
+        return own + self.kernel_seconds(k.epilogue) if k.epilogue else own
 
     def seconds(self, plan: Plan) -> float:
         cal = self.calibration

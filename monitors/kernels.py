@@ -41,20 +41,25 @@ class Kernel:
     work: float  # FLOPs for compute families, bytes moved for memory families
     op: str = ""  # the ONNX op(s) it runs, for display and tests
     repeat: int = 1  # identical kernels run back to back (grouped convolution's groups)
+    # A fused activation that the kernel applies in a second pass over its output, priced as that
+    # memory-bound op without a dispatch of its own: MLAS's blocked convolutions run only Relu inside.
+    epilogue: "Kernel | None" = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(float(p) for p in self.params))
         object.__setattr__(self, "work", float(self.work))
 
     def to_json(self) -> list:
-        return [self.family, list(self.params), self.work, self.op, self.repeat]
+        item = [self.family, list(self.params), self.work, self.op, self.repeat]
+        return item + [self.epilogue.to_json()] if self.epilogue else item
 
     @classmethod
     def from_json(cls, item: list) -> "Kernel":
-        family, params, work, op, repeat = item
+        family, params, work, op, repeat, *epilogue = item  # plans stored before epilogues have none
         if family not in FAMILIES:
             raise ValueError(f"unknown kernel family {family!r}")
-        return cls(family, tuple(float(p) for p in params), float(work), str(op), int(repeat))
+        return cls(family, tuple(float(p) for p in params), float(work), str(op), int(repeat),
+                   cls.from_json(epilogue[0]) if epilogue else None)
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, boo
     ops = ["Conv"]
     last = node.output[0]
     residual_used = False
+    activation = None
     while (nxt := ctx.sole_consumer(last)) is not None:
         kind = nxt.op_type
         others = [t for t in nxt.input if t and t != last]
@@ -215,6 +216,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, boo
             ctx.absorbed.add(ctx.index(nxt))
             ops.append(kind)
             last = nxt.output[0]
+            activation = kind
             break
         else:
             break
@@ -222,9 +224,14 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, boo
         ops.append(kind)
         last = nxt.output[0]
     op = "+".join(ops)
+    # MLAS's blocked kernels apply Relu as they write; any other activation is a second pass over the
+    # output, as costly as that op on its own (Clip after a depthwise convolution doubles its time).
+    epilogue = None
+    if blocked and activation not in (None, "Relu"):
+        epilogue = _memory(memory_family(activation) or "eltwise", 2 * ctx.info(last).nbytes, activation)
     if depthwise:
         work = 2.0 * cin * m * taps
-        return Kernel("dwconv", (cin, m, taps), work, op), last, blocked
+        return Kernel("dwconv", (cin, m, taps), work, op, epilogue=epilogue), last, blocked
     co_g = cout // groups
     if blocked:  # the blocked kernels pad channels up to the block size
         co_g = _round_up(co_g, block)
@@ -234,7 +241,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, boo
     family = "conv1x1" if taps == 1 else "conv"
     repeat = 1 if blocked else groups
     work = 2.0 * m * k * co_g * (groups if blocked else 1)
-    return Kernel(family, (m, k, co_g), work, op, repeat), last, blocked
+    return Kernel(family, (m, k, co_g), work, op, repeat, epilogue), last, blocked
 
 
 def _conv_transpose(ctx: _Ctx, node: onnx.NodeProto) -> list[Kernel]:

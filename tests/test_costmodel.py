@@ -71,8 +71,24 @@ def test_calibration_and_plan_survive_json_round_trip():
     cal = _cal({"Add": _memory_table(), "gemm": _gemm_table(False)})
     again = Calibration.from_json(cal.to_json())
     assert again == cal
-    plan = Plan(kernels=(Kernel("gemm", (1.0, 64.0, 64.0), 8192.0, "MatMul+Add"),), weight_bytes=5, flops=8192.0)
+    clip = Kernel("eltwise", (512.0,), 512.0, "Clip")
+    plan = Plan(kernels=(Kernel("gemm", (1.0, 64.0, 64.0), 8192.0, "MatMul+Add"),
+                         Kernel("dwconv", (16.0, 4.0, 9.0), 1152.0, "Conv+Clip", epilogue=clip)),
+                weight_bytes=5, flops=8192.0)
     assert Plan.from_json(plan.to_json()) == plan
+    # a plan stored before kernels had epilogues (five fields each) still loads
+    old = '{"kernels":[["gemm",[1,64,64],8192,"MatMul+Add",1]],"weight_bytes":5,"peak_activation_bytes":0,"flops":1}'
+    assert Plan.from_json(old).kernels[0].epilogue is None
+
+
+def test_a_kernels_epilogue_costs_its_ops_pass_and_no_dispatch():
+    cm = CostModel(_cal({"Add": _memory_table(), "gemm": _gemm_table()}, per_kernel=2e-6, per_run=0.0))
+    n = 2.0 ** 16
+    conv = Kernel("gemm", (64.0, 64.0, 64.0), work_of("gemm", (64.0, 64.0, 64.0)), "Conv")
+    clip = Kernel("eltwise", (n,), n, "Clip")
+    fused = Kernel(conv.family, conv.params, conv.work, "Conv+Clip", epilogue=clip)
+    assert cm.kernel_seconds(fused) == pytest.approx(cm.kernel_seconds(conv) + cm.kernel_seconds(clip))
+    assert cm.seconds(Plan(kernels=(fused,))) == pytest.approx(cm.kernel_seconds(fused) + 2e-6)
 
 
 def test_malformed_calibration_json_is_rejected():

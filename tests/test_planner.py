@@ -13,6 +13,7 @@ from onnx import TensorProto as T
 from onnx import numpy_helper as nh
 
 from monitors.importer import load_graph
+from monitors.kernels import Kernel
 from monitors.planner import plan
 from tests.models import LIGHT_DIR, make_model, value
 
@@ -51,6 +52,25 @@ def test_conv_batchnorm_relu_is_one_kernel_as_in_onnxruntime(tmp_path):
     assert "BatchNormalization" not in ort_ops and "Relu" not in ort_ops
     assert sum(op in COMPUTE_OPS for op in ort_ops) == len(convs)
     assert collections.Counter(k.op for k in p.kernels)["ReorderInput"] == ort_ops.count("ReorderInput")
+
+
+def test_blocked_conv_fused_with_clip_carries_an_output_pass_and_relu_does_not(tmp_path):
+    """MLAS's NCHWc kernels apply Relu as they write and any other activation in a second pass over the
+    output: onnxruntime fuses both into the Conv, and the plan prices the pass (docs/estimator.md)."""
+    c, side = 32, 28
+    inits = [_w((c, 1, 3, 3), "w"), nh.from_array(np.array(0, np.float32), "lo"),
+             nh.from_array(np.array(6, np.float32), "hi"), _w((c, c, 1, 1), "w2")]
+    nodes = [h.make_node("Conv", ["x", "w"], ["d"], group=c, pads=[1] * 4),
+             h.make_node("Clip", ["d", "lo", "hi"], ["d6"]),
+             h.make_node("Conv", ["d6", "w2"], ["p"]), h.make_node("Relu", ["p"], ["y"])]
+    model = make_model(nodes, [value("x", [1, c, side, side])], [value("y", None)], inits)
+    dw, pw = [k for k in plan(_graph(model)).kernels if k.family in ("dwconv", "conv1x1")]
+    assert dw.op == "Conv+Clip" and dw.epilogue == Kernel("eltwise", (2.0 * 4 * c * side * side,),
+                                                          2.0 * 4 * c * side * side, "Clip")
+    assert pw.op == "Conv+Relu" and pw.epilogue is None
+    assert plan(_graph(model), nchwc_block=0).kernels[0].epilogue is None  # the plain kernel: no second pass
+    ort_ops = _ort_kernels(model, tmp_path)
+    assert "Clip" not in ort_ops and "Relu" not in ort_ops
 
 
 def test_matmul_bias_add_fuses_and_activation_matmul_does_not(tmp_path):

@@ -51,3 +51,21 @@ def test_groundtruth_times_in_a_subprocess_and_caches(tmp_path) -> None:
     assert again["cached"] and again["median_ms"] == first["median_ms"]
     other = {name: type(spec)((2, *spec.shape[1:]), spec.dtype) for name, spec in model.inputs.items()}
     assert groundtruth.cache_key(path, other) != groundtruth.cache_key(path, model.inputs)
+
+
+def test_groundtruth_rounds_spread_over_all_models_keep_each_ones_lowest_median(tmp_path) -> None:
+    jobs = [(m.path(tmp_path), m.inputs) for m in (zoo.BY_NAME["squeezenet"], zoo.BY_NAME["shufflenet"])]
+    cache = tmp_path / "gt.json"
+    lines: list[str] = []
+    groundtruth.measure_spread(jobs, rounds=2, repeats=5, target_s=0.02, cache_file=cache, log=lines.append)
+    # round by round over both jobs, not one job's rounds back to back
+    assert [line.split(" ms")[0].rsplit(" ", 1)[0] for line in lines] == [
+        "round 1/2: light_squeezenet.onnx", "round 1/2: light_shufflenet.onnx",
+        "round 2/2: light_squeezenet.onnx", "round 2/2: light_shufflenet.onnx"]
+    stored = groundtruth.load_cache(cache)
+    squeeze = stored[groundtruth.cache_key(*jobs[0])]
+    assert squeeze["rounds"] == 2 and stored[groundtruth.cache_key(*jobs[1])]["rounds"] == 2
+    medians = [float(line.split()[-2]) for line in lines]
+    assert f"{squeeze['median_ms']:.3g}" == f"{min(medians[0], medians[2]):.3g}"
+    groundtruth.measure_spread(jobs[:1], rounds=2, cache_file=cache, log=lines.append)
+    assert len(lines) == 4  # cached: not measured again without remeasure
