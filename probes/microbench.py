@@ -351,21 +351,25 @@ def _chain_time(length: int, providers: list[str], rng: np.random.Generator, rep
     return float(np.quantile(samples, 0.1))
 
 
-def measure_overheads(providers: list[str], rng: np.random.Generator, reps: int = 200) -> tuple[float, float]:
+CHAIN_SHORT, CHAIN_LONG = 2, 102
+
+
+def chain_times(providers: list[str], rng: np.random.Generator, reps: int = 200) -> tuple[float, float]:
+    """Wall-clock times of one run of a short and of a long chain of kernels that do nothing (`overheads`)."""
+    return (_chain_time(CHAIN_SHORT, providers, rng, reps),
+            _chain_time(CHAIN_LONG, providers, rng, max(reps // 4, 30)))
+
+
+def overheads(short_s: float, long_s: float) -> tuple[float, float]:
     """(per-kernel, per-run) overheads in seconds: what a run costs beyond its kernels' own times.
 
-    Both come from wall-clock chains of kernels that do nothing: the slope per
-    kernel and the intercept. No profiler reading enters them: a kernel's own
-    time is the profiler's reading less its bias, and a difference of the two
-    clocks over bigger kernels read anywhere from 0.2 to 2.5 us from one
-    calibration to the next.
+    The slope per kernel and the intercept of the chains' wall-clock times. No
+    profiler reading enters them: a kernel's own time is the profiler's reading
+    less its bias, and a difference of the two clocks over bigger kernels read
+    anywhere from 0.2 to 2.5 us from one calibration to the next.
     """
-    short, long_ = 2, 102
-    t_short = _chain_time(short, providers, rng, reps)
-    t_long = _chain_time(long_, providers, rng, max(reps // 4, 30))
-    tiny = max((t_long - t_short) / (long_ - short), 0.0)
-    per_run = max(t_short - short * tiny, 0.0)
-    return tiny, per_run
+    tiny = max((long_s - short_s) / (CHAIN_LONG - CHAIN_SHORT), 0.0)
+    return tiny, max(short_s - CHAIN_SHORT * tiny, 0.0)
 
 
 @dataclass(frozen=True)
@@ -450,11 +454,13 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 times = _profile_points(built, runs, providers, rng)
             yield batch, {p: times[b.output] for p, b in zip(batch, built) if times.get(b.output, 0) > 0}
 
-    # Every point is read in each of three passes over all the grids (one in quick calibration), so that
-    # its readings lie seconds apart, and keeps the median: on a shared host the speed shifts for
-    # seconds at a time, both ways, and one pass can catch a whole family fast or slow.
+    # Every point, and the overhead chains, are read in each of three passes over all the grids (one in
+    # quick calibration), so that their readings lie seconds apart, and each keeps its fastest: a
+    # shared host slows down for seconds or minutes at a time, for a whole family or for two passes
+    # of three, and a slowdown only adds time. (The ground truth is the quietest of rounds too.)
     passes = 1 if quick else 3
     readings: dict[str, dict[tuple[float, ...], list[float]]] = {grid.family: {} for grid, _ in plan}
+    chains: list[tuple[float, float]] = []
     for _ in range(passes):
         for grid, pts in plan:
             for batch, times in measure(grid, pts):
@@ -463,8 +469,12 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 done += len(batch) / passes
                 if progress:
                     progress(grid.family, round(done), total)
+        chains.append(chain_times(providers, rng, reps=100))
+        done += 1 / passes
+        if progress:
+            progress("overhead", round(done), total)
     for grid, _ in plan:
-        measured = {p: float(np.median(ts)) for p, ts in readings[grid.family].items()}
+        measured = {p: min(ts) for p, ts in readings[grid.family].items()}
         # Then up to two passes over the points that still look disturbed (much slower than their
         # neighbours); each keeps its fastest time. A real cliff (out of the cache) reads the same again.
         for _ in range(2):
@@ -472,10 +482,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 for p, t in times.items():
                     measured[p] = min(t, measured[p])
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
-    per_kernel, per_run = measure_overheads(providers, rng, reps=100 if quick else 300)
-    done += 1
-    if progress:
-        progress("overhead", done, total)
+    per_kernel, per_run = overheads(min(c[0] for c in chains), min(c[1] for c in chains))
     return Calibration(
         fingerprint=fingerprint(device),
         tables=tables,

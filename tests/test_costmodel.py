@@ -162,3 +162,12 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
     assert set(own) == {"y_small", "y_big"}
     assert own["y_small"] < 0.5 * read["y_small"]  # a kernel that does next to nothing: mostly the profiler
     assert own["y_big"] > 10 * own["y_small"]
+
+
+def test_overheads_are_the_slope_and_intercept_of_the_chains_never_negative():
+    from probes.microbench import CHAIN_LONG, CHAIN_SHORT, overheads
+
+    per_kernel, per_run = 0.4e-6, 10e-6
+    short, long_ = per_run + CHAIN_SHORT * per_kernel, per_run + CHAIN_LONG * per_kernel
+    assert overheads(short, long_) == pytest.approx((per_kernel, per_run))
+    assert overheads(20e-6, 15e-6) == (0.0, 20e-6)  # a disturbed short chain: no negative slope
