@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 4  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
-# 4: the cache size measured, not reported; overheads from the wall clock alone
+FORMAT_VERSION = 5  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+# 4: the cache size measured, not reported; overheads from the wall clock alone; 5: the read rates over
+# working sets around the cache; every reading the fastest of three passes
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Calibration:
     refresh_reference: dict[str, float] = field(default_factory=dict)  # warm-refresh probe times right after
     stream_bytes_per_s: float = 0.0  # weights read from memory when they cannot stay cached (0: unmeasured)
     cache_bytes: int = 0  # the cache weights stay in between inferences, as measured (0: unmeasured)
+    read_rates: tuple[tuple[int, float], ...] = ()  # (working set bytes, bytes/s read cyclically over it)
 
     @property
     def device(self) -> str:
@@ -57,6 +59,7 @@ class Calibration:
                 "refresh_reference": self.refresh_reference,
                 "stream_bytes_per_s": self.stream_bytes_per_s,
                 "cache_bytes": self.cache_bytes,
+                "read_rates": [list(r) for r in self.read_rates],
             },
             indent=1,
         )
@@ -85,4 +88,5 @@ class Calibration:
             refresh_reference={str(k): float(v) for k, v in d.get("refresh_reference", {}).items()},
             stream_bytes_per_s=float(d.get("stream_bytes_per_s", 0.0)),
             cache_bytes=int(d.get("cache_bytes", 0)),
+            read_rates=tuple((int(size), float(rate)) for size, rate in d.get("read_rates", ())),
         )

@@ -156,17 +156,31 @@ class CostModel:
         own = k.repeat * max(k.work / math.exp(log_eff), floor_s)
         return own + self.kernel_seconds(k.epilogue) if k.epilogue else own
 
+    def weight_read_rate(self, footprint: float) -> float:
+        """Bytes per second at which a model whose inference touches `footprint` bytes reads its weights
+        again at the next inference; 0 while they stay cached.
+
+        Beyond the cache, a cyclic read still hits it in part, less the further beyond: the rate is the
+        one measured over working sets of that size (log-log between them), down to memory's.
+        """
+        if not (self.cache_bytes > 0 and footprint > self.cache_bytes and self.stream_bytes_per_s > 0):
+            return 0.0
+        beyond = [(size, rate) for size, rate in self.calibration.read_rates if size >= self.cache_bytes]
+        if len(beyond) < 2:
+            return self.stream_bytes_per_s
+        sizes, rates = np.log([s for s, _ in beyond]), np.log([r for _, r in beyond])
+        return float(np.exp(np.interp(math.log(footprint), sizes, rates)))
+
     def seconds(self, plan: Plan) -> float:
         cal = self.calibration
         # Weights stay cached from one inference to the next only if they and the activations that
         # stream past them (the live ones, written and read again) fit in the last-level cache.
-        footprint = plan.weight_bytes + 2 * plan.peak_activation_bytes
-        cold = self.cache_bytes > 0 and footprint > self.cache_bytes and self.stream_bytes_per_s > 0
+        rate = self.weight_read_rate(plan.weight_bytes + 2 * plan.peak_activation_bytes)
         total = cal.per_run_s + cal.per_kernel_s * len(plan.kernels)
         for k in plan.kernels:
             t = self.kernel_seconds(k)
-            if cold:  # the weights cannot stay cached between inferences: each kernel streams its own
-                t = max(t, k.repeat * weight_bytes(k) / self.stream_bytes_per_s)
+            if rate:  # each kernel reads its weights again, no faster than that
+                t = max(t, k.repeat * weight_bytes(k) / rate)
             total += t
         return total
 

@@ -384,8 +384,9 @@ class MemoryLevels:
 
 
 def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
-    """Matrix-vector products over working sets that double from 1 MiB to twice the reported cache (at
-    most 512 MiB, and a quarter of the free memory): the read rate drops where the cache ends.
+    """Matrix-vector products over working sets that grow by a factor of sqrt(2) from 1 MiB to twice the
+    reported cache (at most 512 MiB, and a quarter of the free memory): the read rate drops where the
+    cache ends, over a factor of two or so (a cyclic read a little beyond it still hits it in part).
 
     numpy's matrix-vector product stands in for onnxruntime's: the cliff is the hardware's, and so
     is the rate beyond it (it matches onnxruntime's own within 10 % on the machine measured). Each
@@ -393,7 +394,7 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
     """
     width = 4096
     cap = min(max(2 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20, psutil.virtual_memory().available // 4)
-    sizes = [2 ** k for k in range(20, 30) if 2 ** k <= cap]
+    sizes = [round(2 ** (k / 2) / (4 * width)) * 4 * width for k in range(40, 60) if 2 ** (k / 2) <= cap]
     if len(sizes) < 2:
         return MemoryLevels(reported_cache, 0.0, ())
     buf = np.full((sizes[-1] // (4 * width), width), 0.01, np.float32)
@@ -422,6 +423,14 @@ def memory_levels(rates: list[tuple[int, float]], reported_cache: int) -> Memory
     return MemoryLevels(max(held) if held else reported_cache, stream, tuple(rates))
 
 
+def fastest_sweep(sweeps: list[MemoryLevels], reported_cache: int) -> MemoryLevels:
+    """Sweeps made apart in time, combined: each working set keeps its fastest rate."""
+    if not sweeps[0].rates:
+        return sweeps[0]
+    rates = [(size, max(s.rates[i][1] for s in sweeps)) for i, (size, _) in enumerate(sweeps[0].rates)]
+    return memory_levels(rates, reported_cache)
+
+
 def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | None = None,
               seed: int = 0) -> Calibration:
     """Run the micro-benchmarks and return the calibration for `device` ('cpu' or 'gpu')."""
@@ -438,7 +447,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     tables: dict[str, FamilyTable] = {}
     runs = 3 if quick else 5
     reported_cache = last_level_cache_bytes()
-    memory = measure_memory(reported_cache) if device == "cpu" else MemoryLevels(0, 0.0, ())
+    sweeps: list[MemoryLevels] = []
     # Tensors per calibration session: about as many as pass through the cache between one inference
     # of a model and the next, so that a point's operands are about as warm as a model's are (weights
     # beyond the cache: costmodel.py). Half the reported cache, not the measured one: sessions within the
@@ -454,10 +463,11 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 times = _profile_points(built, runs, providers, rng)
             yield batch, {p: times[b.output] for p, b in zip(batch, built) if times.get(b.output, 0) > 0}
 
-    # Every point, and the overhead chains, are read in each of three passes over all the grids (one in
-    # quick calibration), so that their readings lie seconds apart, and each keeps its fastest: a
-    # shared host slows down for seconds or minutes at a time, for a whole family or for two passes
-    # of three, and a slowdown only adds time. (The ground truth is the quietest of rounds too.)
+    # Every point, the overhead chains and the memory sweep are read in each of three passes over all
+    # the grids (one in quick calibration), so that their readings lie seconds apart, and each keeps
+    # its fastest: a shared host slows down for seconds or minutes at a time, for a whole family or
+    # for two passes of three, and a slowdown only adds time. (The ground truth is the quietest of
+    # rounds too.)
     passes = 1 if quick else 3
     readings: dict[str, dict[tuple[float, ...], list[float]]] = {grid.family: {} for grid, _ in plan}
     chains: list[tuple[float, float]] = []
@@ -470,6 +480,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 if progress:
                     progress(grid.family, round(done), total)
         chains.append(chain_times(providers, rng, reps=100))
+        if device == "cpu":
+            sweeps.append(measure_memory(reported_cache))
         done += 1 / passes
         if progress:
             progress("overhead", round(done), total)
@@ -483,6 +495,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                     measured[p] = min(t, measured[p])
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
     per_kernel, per_run = overheads(min(c[0] for c in chains), min(c[1] for c in chains))
+    memory = fastest_sweep(sweeps, reported_cache) if sweeps else MemoryLevels(0, 0.0, ())
     return Calibration(
         fingerprint=fingerprint(device),
         tables=tables,
@@ -494,6 +507,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         refresh_reference={},
         stream_bytes_per_s=memory.stream_bytes_per_s,
         cache_bytes=memory.cache_bytes,
+        read_rates=memory.rates,
     )
 
 

@@ -127,6 +127,21 @@ def test_weights_beyond_the_measured_cache_stream_at_the_measured_rate():
     assert held_large.seconds(_gemv_plan(side)) < streamed / 3
 
 
+def test_weights_a_little_beyond_the_cache_read_at_the_rate_measured_for_that_working_set():
+    mib = 2 ** 20
+    rates = ((16 * mib, 4e9), (32 * mib, 2.5e9), (64 * mib, 2e9))  # slow enough to bind over the table
+    cal = dict(fingerprint={"device": "cpu"}, tables={"gemm": _gemm_table()}, per_kernel_s=0.0, per_run_s=0.0,
+               stream_bytes_per_s=2e9, cache_bytes=16 * mib)
+    cm = CostModel(Calibration(**cal, read_rates=rates))
+    assert cm.weight_read_rate(8 * mib) == 0.0  # held: the tables price it
+    assert cm.weight_read_rate(32 * mib) == pytest.approx(2.5e9)
+    assert 2.5e9 < cm.weight_read_rate(24 * mib) < 4e9
+    assert cm.weight_read_rate(1024 * mib) == pytest.approx(2e9)  # beyond the sweep: memory's rate
+    assert CostModel(Calibration(**cal)).weight_read_rate(24 * mib) == 2e9  # no sweep stored: memory's rate
+    side = 2304  # 20.25 MiB of weights, in the slope between 16 and 32 MiB
+    assert cm.seconds(_gemv_plan(side)) == pytest.approx(4 * side * side / cm.weight_read_rate(4 * side * side))
+
+
 def test_cache_is_where_the_read_rate_falls_to_memorys():
     from probes.microbench import memory_levels
 
@@ -143,7 +158,9 @@ def test_memory_sweep_measures_a_rate_for_every_working_set():
     from probes.microbench import measure_memory
 
     levels = measure_memory(reported_cache=4 * 2 ** 20, reads=2 ** 24)  # up to 16 MiB, the least it sweeps
-    assert [s for s, _ in levels.rates] == [2 ** k for k in range(20, 25)]
+    sizes = [s for s, _ in levels.rates]  # 1 MiB to 16 MiB by factors of sqrt(2), whole 16 KiB rows
+    assert sizes[0] == 2 ** 20 and sizes[-1] == 2 ** 24 and len(sizes) == 9
+    assert all(1.40 < b / a < 1.43 and b % 2 ** 14 == 0 for a, b in zip(sizes, sizes[1:]))
     assert all(r > 1e8 for _, r in levels.rates)
     assert levels.cache_bytes in [s for s, _ in levels.rates] + [4 * 2 ** 20]
     assert levels.stream_bytes_per_s == levels.rates[-1][1]
@@ -171,3 +188,14 @@ def test_overheads_are_the_slope_and_intercept_of_the_chains_never_negative():
     short, long_ = per_run + CHAIN_SHORT * per_kernel, per_run + CHAIN_LONG * per_kernel
     assert overheads(short, long_) == pytest.approx((per_kernel, per_run))
     assert overheads(20e-6, 15e-6) == (0.0, 20e-6)  # a disturbed short chain: no negative slope
+
+
+def test_memory_sweeps_made_apart_keep_each_working_sets_fastest_rate():
+    from probes.microbench import MemoryLevels, fastest_sweep
+
+    mib = 2 ** 20
+    slow_spell = MemoryLevels(0, 0.0, ((16 * mib, 40e9), (32 * mib, 12e9), (64 * mib, 10e9)))
+    quiet = MemoryLevels(0, 0.0, ((16 * mib, 30e9), (32 * mib, 25e9), (64 * mib, 20e9)))
+    levels = fastest_sweep([slow_spell, quiet], reported_cache=32 * mib)
+    assert levels.rates == ((16 * mib, 40e9), (32 * mib, 25e9), (64 * mib, 20e9))
+    assert levels.stream_bytes_per_s == 20e9 and levels.cache_bytes == 16 * mib
