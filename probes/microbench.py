@@ -394,14 +394,15 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
     """
     width = 4096
     cap = min(max(2 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20, psutil.virtual_memory().available // 4)
-    sizes = [round(2 ** (k / 2) / (4 * width)) * 4 * width for k in range(40, 60) if 2 ** (k / 2) <= cap]
+    row = 4 * width
+    sizes = [round(2 ** (k / 2) / row) * row for k in range(40, 60) if 2 ** (k / 2) <= cap]  # whole rows
     if len(sizes) < 2:
         return MemoryLevels(reported_cache, 0.0, ())
-    buf = np.full((sizes[-1] // (4 * width), width), 0.01, np.float32)
+    buf = np.full((sizes[-1] // row, width), 0.01, np.float32)
     vec = np.full(width, 0.5, np.float32)
     rates = []
     for size in sizes:
-        rows = buf[: size // (4 * width)]
+        rows = buf[: size // row]
         passes = max(3, reads // size)
         rows @ vec
         best = math.inf
