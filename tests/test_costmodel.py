@@ -199,3 +199,16 @@ def test_memory_sweeps_made_apart_keep_each_working_sets_fastest_rate():
     levels = fastest_sweep([slow_spell, quiet], reported_cache=32 * mib)
     assert levels.rates == ((16 * mib, 40e9), (32 * mib, 25e9), (64 * mib, 20e9))
     assert levels.stream_bytes_per_s == 20e9 and levels.cache_bytes == 16 * mib
+
+
+def test_quick_grids_keep_every_compute_point_but_the_costliest_and_thin_the_memory_ones():
+    from monitors.kernels import COMPUTE_FAMILIES
+    from probes.microbench import grids
+
+    full, quick = {g.family: g for g in grids(False)}, {g.family: g for g in grids(True)}
+    for family, g in quick.items():
+        assert g.max_work == pytest.approx(full[family].max_work / 3)
+        if family in COMPUTE_FAMILIES:  # interpolating over every other point prices kernels high
+            assert g.axes == full[family].axes
+        else:
+            assert len(g.axes[0]) < len(full[family].axes[0])
