@@ -178,12 +178,11 @@ def measure_in_subprocess(path: Path, inputs: dict[str, Any], target_s: float = 
 
 
 def measure(path: Path | str, inputs: dict[str, Any], repeats: int = MIN_REPEATS, target_s: float = TARGET_S,
-            remeasure: bool = False, cache_file: Path = CACHE_FILE, rounds: int = 1) -> dict[str, Any]:
-    """Real latency of `path` bound to `inputs` (name -> InputSpec); cached unless `remeasure`.
+            remeasure: bool = False, cache_file: Path = CACHE_FILE) -> dict[str, Any]:
+    """Real latency of `path` bound to `inputs` (name -> InputSpec), in a fresh process; cached unless
+    `remeasure` (several rounds, kept at their quietest: `measure_spread`).
 
     `repeats` is the minimum number of timed runs; more are made to fill about `target_s` seconds.
-    With `rounds` > 1 the model is measured in that many fresh processes and the round with the lowest
-    median is kept: on a shared machine a whole round can be disturbed, and disturbance only adds time.
     The result has median_ms, iqr_ms, repeats, ... plus `cached` (bool).
     """
     path = Path(path)
@@ -191,19 +190,19 @@ def measure(path: Path | str, inputs: dict[str, Any], repeats: int = MIN_REPEATS
     cache = load_cache(cache_file)
     if not remeasure and key in cache:
         return {**cache[key], "cached": True}
-    result = min((measure_in_subprocess(path, inputs, target_s=target_s, min_repeats=repeats)
-                  for _ in range(max(rounds, 1))), key=lambda r: r["median_ms"])
-    _store(key, path, result, max(rounds, 1), cache_file)
+    result = measure_in_subprocess(path, inputs, target_s=target_s, min_repeats=repeats)
+    _store(key, path, result, 1, cache_file)
     return {**result, "cached": False}
 
 
 def measure_spread(jobs: list[tuple[Path, dict[str, Any]]], rounds: int, repeats: int = MIN_REPEATS,
                    target_s: float = TARGET_S, remeasure: bool = False, cache_file: Path = CACHE_FILE,
                    log: Any = None) -> None:
-    """Measure every job in `rounds` rounds over all of them, keeping each one's lowest median.
+    """Measure every job in `rounds` rounds over all of them, keeping each one's lowest median: on a
+    shared machine a whole round can be disturbed, and disturbance only adds time.
 
-    A shared host slows down for minutes at a time; rounds back to back (`measure`) all fall into
-    the same slow spell, while a round over the whole list lies minutes from the next.
+    The host slows down for minutes at a time, so rounds of one model back to back all fell into the
+    same slow spell, while a round over the whole list lies minutes from the next.
     Jobs already cached are skipped unless `remeasure`; a job that fails is left to the caller.
     """
     cached = load_cache(cache_file)

@@ -42,8 +42,9 @@ def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: 
         # as in ".../Clip_output_0_nchwc", and all but Relu cost a pass over the output (planner.py).
         last = name.rsplit("/", 1)[-1]
         act = next((a for a in ("Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh") if a in last), None)
-        epilogue = Kernel(memory_family(act), (2 * out_bytes,), 2 * out_bytes, act) if act and "_nchwc" in last \
-            else None
+        epilogue = None
+        if act and "_nchwc" in last:
+            epilogue = Kernel(memory_family(act), (2 * out_bytes,), 2 * out_bytes, act)
         if groups > 1 and cin_g == 1 and cout == x[1]:
             return Kernel("dwconv", (cout, m, kh * kw), 2.0 * cout * m * kh * kw, op, epilogue=epilogue)
         fam = "conv1x1" if kh * kw == 1 else "conv"
