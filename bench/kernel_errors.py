@@ -27,7 +27,7 @@ from monitors.costmodel import CostModel
 from monitors.estimator import Estimator
 from monitors.importer import load_graph
 from monitors.kernels import Kernel
-from monitors.planner import memory_family
+from monitors.planner import SECOND_PASS_ACTIVATIONS, memory_family
 
 
 def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: float,
@@ -41,7 +41,7 @@ def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: 
         # The profile does not list a fused activation; a blocked kernel is named after its final output,
         # as in ".../Clip_output_0_nchwc", and all but Relu cost a pass over the output (planner.py).
         last = name.rsplit("/", 1)[-1]
-        act = next((a for a in ("Clip", "LeakyRelu", "HardSigmoid", "Sigmoid", "Tanh") if a in last), None)
+        act = next((a for a in sorted(SECOND_PASS_ACTIVATIONS, key=len, reverse=True) if a in last), None)
         epilogue = None
         if act and "_nchwc" in last:
             epilogue = Kernel(memory_family(act), (2 * out_bytes,), 2 * out_bytes, act)

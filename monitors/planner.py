@@ -23,6 +23,8 @@ from monitors.kernels import Kernel, Plan
 DEFAULT_NCHWC_BLOCK = 16  # AVX-512; 8 on AVX2; 0 where onnxruntime has no NCHWc path (ARM)
 
 ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"}
+# MLAS's blocked convolutions apply Relu as they write; these, in a second pass over the output.
+SECOND_PASS_ACTIVATIONS = ACTIVATIONS - {"Relu"}
 VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 REMOVED = {"Identity", "Dropout"}
 ELTWISE = {
@@ -224,11 +226,10 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, boo
         ops.append(kind)
         last = nxt.output[0]
     op = "+".join(ops)
-    # MLAS's blocked kernels apply Relu as they write; any other activation is a second pass over the
-    # output, as costly as that op on its own (Clip after a depthwise convolution doubles its time).
+    # The second pass costs as much as that op on its own (Clip after a depthwise convolution doubles its time).
     epilogue = None
-    if blocked and activation not in (None, "Relu"):
-        epilogue = _memory(memory_family(activation) or "eltwise", 2 * ctx.info(last).nbytes, activation)
+    if blocked and activation in SECOND_PASS_ACTIVATIONS:
+        epilogue = _memory(_FAMILY_OF[activation], 2 * ctx.info(last).nbytes, activation)
     if depthwise:
         work = 2.0 * cin * m * taps
         return Kernel("dwconv", (cin, m, taps), work, op, epilogue=epilogue), last, blocked

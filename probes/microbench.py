@@ -476,13 +476,13 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # for two passes of three, and a slowdown only adds time. (The ground truth is the quietest of
     # rounds too.)
     passes = 1 if quick else 3
-    readings: dict[str, dict[tuple[float, ...], list[float]]] = {grid.family: {} for grid, _ in plan}
+    fastest: dict[str, dict[tuple[float, ...], float]] = {grid.family: {} for grid, _ in plan}
     chains: list[tuple[float, float]] = []
     for _ in range(passes):
         for grid, pts in plan:
             for batch, times in measure(grid, pts):
                 for p, t in times.items():
-                    readings[grid.family].setdefault(p, []).append(t)
+                    fastest[grid.family][p] = min(t, fastest[grid.family].get(p, math.inf))
                 done += len(batch) / passes
                 if progress:
                     progress(grid.family, round(done), total)
@@ -493,7 +493,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         if progress:
             progress("overhead", round(done), total)
     for grid, _ in plan:
-        measured = {p: min(ts) for p, ts in readings[grid.family].items()}
+        measured = fastest[grid.family]
         # Then up to two passes over the points that still look disturbed (much slower than their
         # neighbours); each keeps its fastest time. A real cliff (out of the cache) reads the same again.
         for _ in range(2):
