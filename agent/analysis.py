@@ -80,11 +80,26 @@ def _ping() -> tuple[str, ...]:
     return tuple(_ESTIMATOR.devices)
 
 
-def ensure_calibrated(state_dir: Path) -> tuple[str, ...]:
+def ensure_calibrated(state_dir: Path, quick: bool) -> tuple[str, ...]:
     """Load (and, the first time, run) the calibrations; done once before the workers start."""
     from monitors.estimator import Estimator
 
-    return Estimator.load(Path(state_dir), device="auto").devices
+    return Estimator.load(Path(state_dir), device="auto", quick=quick).devices
+
+
+def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
+    """The devices whose saved calibration is quick (`daop-agent estimate` makes quick ones)."""
+    from agent.calibration_store import load
+    from monitors.estimator import DEVICES
+
+    return tuple(d for d in DEVICES if (cal := load(state_dir, d)) is not None and cal.quick)
+
+
+def calibrate_in_full(state_dir: Path, devices: tuple[str, ...]) -> None:
+    from agent.calibration_store import run_calibration
+
+    for device in devices:
+        run_calibration(state_dir, device, quick=False)
 
 
 # -- agent side ---------------------------------------------------------------------
@@ -93,12 +108,14 @@ def ensure_calibrated(state_dir: Path) -> tuple[str, ...]:
 class AnalysisPool:
     """Worker processes that import and plan graphs, each call bounded in time."""
 
-    def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0) -> None:
+    def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0, quick: bool = False) -> None:
         self.state_dir = Path(state_dir)
         self.devices: tuple[str, ...] = ()
         self.workers = workers
         self.timeout_s = timeout_s
+        self.quick = quick  # a first calibration made here is quick
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._aside: concurrent.futures.ProcessPoolExecutor | None = None  # a calibration's own process
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -112,13 +129,35 @@ class AnalysisPool:
             initargs=(str(self.state_dir),) if init else ())
 
     async def start(self) -> None:
-        """Calibrate if needed (in one worker process, which a stop can kill), then start the workers."""
-        self._pool = self._new_pool(workers=1, init=False)
-        await asyncio.wrap_future(self._pool.submit(ensure_calibrated, self.state_dir))
-        self._pool.shutdown(wait=True)
+        """Calibrate if needed, then start the workers."""
+        await self._aside_call(ensure_calibrated, self.state_dir, self.quick)
         self._pool = self._new_pool()
         self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
         self._ready.set()
+
+    async def calibrate_in_full(self) -> tuple[str, ...]:
+        """Redo quick calibrations in full while the workers go on answering on them; then
+        switch to fresh workers that load the full ones. Returns the devices redone."""
+        redone = await self._aside_call(quick_calibrations, self.state_dir)
+        if redone:
+            log.info("the %s calibration is quick: calibrating in full in the background", ", ".join(redone))
+            await self._aside_call(calibrate_in_full, self.state_dir, redone)
+            old, self._pool = self._pool, self._new_pool()
+            if old is not None:
+                old.shutdown(wait=False)  # calls under way there finish on the quick calibration
+            self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
+            self._ready.set()  # (a restart meanwhile waits on `old`'s readiness, which no longer counts)
+        return redone
+
+    async def _aside_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn` in a process of its own (calibration: a minute of CPU), killed when the call is
+        cancelled (the agent stops) or by close()."""
+        pool = self._aside = self._new_pool(workers=1, init=False)
+        try:
+            return await asyncio.wrap_future(pool.submit(fn, *args))
+        finally:
+            self._aside = None
+            _kill(pool)
 
     async def _warm(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
         """Wait for fresh workers to load the estimator before timing requests again."""
@@ -174,13 +213,7 @@ class AnalysisPool:
         if self._pool is not pool:
             return  # someone else restarted it already
         log.warning("restarting estimator workers: %s", why)
-        processes = list(getattr(pool, "_processes", {}).values())  # the executor has no public kill
-        for proc in processes:
-            try:
-                proc.kill()
-            except (OSError, AttributeError):
-                pass
-        pool.shutdown(wait=False, cancel_futures=True)
+        _kill(pool)
         self._ready.clear()
         self._pool = self._new_pool()
         task = asyncio.get_running_loop().create_task(self._warm(self._pool))
@@ -188,14 +221,19 @@ class AnalysisPool:
         task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
-        if self._pool is not None:
-            for proc in list(getattr(self._pool, "_processes", {}).values()):
-                try:
-                    proc.kill()
-                except (OSError, AttributeError):
-                    pass
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._aside):
+            if pool is not None:
+                _kill(pool)
+        self._pool = self._aside = None
+
+
+def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    for proc in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+        try:
+            proc.kill()
+        except (OSError, AttributeError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def cpu_count() -> int:

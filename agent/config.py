@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
 
+from agent.calibration_store import default_state_dir
 from monitors.errors import BadInput
 from monitors.limits import Limits
 from monitors.monitor import MonitorRules
 
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MiB = 1 << 20
+CALIBRATIONS = ("full", "quick")  # full: a quick calibration found at start is redone in full, in the background
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Config:
     limits: AgentLimits = field(default_factory=AgentLimits)
     policy: Policy = field(default_factory=Policy)
     local_broker: bool = False
+    calibration: str = "full"  # "quick": serve on a quick calibration as it is (see CALIBRATIONS)
 
     @property
     def client_id(self) -> str:
@@ -91,14 +94,6 @@ def default_device_id() -> str:
     """The hostname, reduced to the characters a topic level may use here."""
     name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64].strip("-")
     return name or "device"
-
-
-def default_state_dir() -> Path:
-    """systemd's StateDirectory when set (first entry), else ~/.local/state/daop-agent."""
-    env = os.environ.get("STATE_DIRECTORY")
-    if env:
-        return Path(env.split(":")[0])
-    return Path.home() / ".local" / "state" / "daop-agent"
 
 
 def check_device_id(value: Any) -> str:
@@ -165,7 +160,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     """Defaults, then the TOML file at `path`, then `overrides` (flags; None values ignored).
 
     Override keys: broker (URL), device_id, state_dir, sysfs_root, procfs_root,
-    sample_interval_s, local_broker.
+    sample_interval_s, local_broker, calibration.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -195,6 +190,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     if not 1 <= workers <= 16:
         raise BadInput(f"config: agent.estimate_workers must be 1 to 16, not {workers}")
     local_broker = bool(over.get("local_broker", _take(a, "agent", "local_broker", (bool,), False)))
+    calibration = over.get("calibration", _take(a, "agent", "calibration", (str,), "full"))
+    if calibration not in CALIBRATIONS:
+        raise BadInput(f"config: agent.calibration must be {' or '.join(CALIBRATIONS)}, not {calibration!r}")
     _no_leftovers(a, "agent")
 
     b = _table(data, "broker")
@@ -256,4 +254,5 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
 
     return Config(device_id=device_id, state_dir=state_dir, broker=broker, sample_interval_s=sample,
                   refresh_interval_s=refresh, sysfs_root=sysfs, procfs_root=procfs, estimate_workers=workers,
-                  rules=rules, limits=limits, policy=policy, local_broker=local_broker)
+                  rules=rules, limits=limits, policy=policy, local_broker=local_broker,
+                  calibration=calibration)

@@ -87,7 +87,8 @@ class Agent:
         self.store = MonitorStore(cfg.state_dir)
         self.table = MonitorTable(cfg.rules)
         self.records: dict[str, StoredMonitor] = {}
-        self.pool = AnalysisPool(cfg.state_dir, cfg.estimate_workers, cfg.limits.estimate_timeout_s)
+        self.pool = AnalysisPool(cfg.state_dir, cfg.estimate_workers, cfg.limits.estimate_timeout_s,
+                                 quick=cfg.calibration == "quick")
         self.policy = PolicyGate(cfg.policy)
         self.notifier = notifier or Notifier()
         self._sampler = sampler
@@ -215,6 +216,22 @@ class Agent:
         log.info("estimator ready (devices: %s)", ", ".join(self.pool.devices))
         await self._start_refresh()
         await self._rebase_all()
+        if self.cfg.calibration == "full":
+            await self._calibrate_in_full()
+
+    async def _calibrate_in_full(self) -> None:
+        """A quick calibration (left by `daop-agent estimate`) serves until a full one replaces it.
+        The device is busy meanwhile (about a minute), and the monitors say so."""
+        try:
+            redone = await self.pool.calibrate_in_full()
+        except Exception as exc:  # noqa: BLE001 - the quick calibration goes on serving
+            log.warning("full calibration failed, the quick one stays: %s", exc)
+            return
+        if redone:
+            log.info("full calibration ready (%s): monitors re-priced", ", ".join(redone))
+            self._measured = None  # measured against the quick calibration's reference
+            await self._start_refresh()
+            await self._rebase_all()
 
     async def _rebase_all(self) -> None:
         """Stored plans priced again with the present calibration (it may have been redone)."""

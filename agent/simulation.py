@@ -736,7 +736,8 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
             device_id = "sim-" + "".join(ch if ch.isalnum() else "-" for ch in scenario.name.lower())[:40]
             cfg = load_config(config_path, {"broker": broker, "device_id": device_id, "state_dir": str(state_dir),
                                             "sysfs_root": str(device.sys), "procfs_root": str(device.proc),
-                                            "sample_interval_s": scenario.sample_interval_s})
+                                            "sample_interval_s": scenario.sample_interval_s,
+                                            "calibration": "quick"})
             refresh = SimulatedRefresh(device)
             agent = Agent(cfg, sampler=device.sampler(), measure=refresh.measure)
             agent_task = asyncio.get_running_loop().create_task(agent.run())

@@ -40,12 +40,13 @@ async def wait_online(port: int, device_id: str, timeout_s: float = 120.0) -> No
 
 
 def start_agent(state_dir: Path, device_id: str, *args: str, log: Path | None = None) -> tuple[subprocess.Popen, int]:
-    """`daop-agent run` with a private broker on a free port, as its own process; its output goes to
+    """`daop-agent run` with a private broker on a free port, as its own process, on the calibration in
+    `state_dir` as it is (a quick one is not redone in full); its output goes to
     `log` (default: agent.log in `state_dir`). Returns the process and the broker's port."""
     port = free_port()
     with open(log or state_dir / "agent.log", "w") as out:  # the child keeps its own copy
         proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--local-broker", str(port), "--state-dir",
-                                 str(state_dir), "--device-id", device_id, *args],
+                                 str(state_dir), "--device-id", device_id, "--calibration", "quick", *args],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     return proc, port
 

@@ -54,7 +54,8 @@ class AgentProcess:
         self.state_dir = Path(state_dir)
         self.device_id = device_id
         self.args = [sys.executable, "-m", "agent", "run", "--broker", broker_url, "--device-id", device_id,
-                     "--state-dir", str(state_dir), "--sample-interval", str(sample_interval), "--log-level", "debug"]
+                     "--state-dir", str(state_dir), "--sample-interval", str(sample_interval), "--log-level", "debug",
+                     "--calibration", "quick"]  # the session's quick calibration, as it is
         if config is not None:
             self.args += ["--config", str(config)]
         if sysfs_root is not None:

@@ -107,7 +107,7 @@ def test_monitor_command_without_a_broker_exits_2(model):
 async def test_run_with_a_local_broker_works_in_one_command(state_dir: Path, model):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--local-broker", str(port), "--state-dir",
-                             str(state_dir), "--device-id", DEV], cwd=REPO, stdout=subprocess.DEVNULL,
+                             str(state_dir), "--device-id", DEV, "--calibration", "quick"], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=open(state_dir.parent / "agent.log", "w"), text=True)
     try:
         deadline = time.monotonic() + 30
@@ -186,7 +186,7 @@ def test_the_private_broker_dies_with_a_killed_agent(state_dir: Path):
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--local-broker", str(port), "--state-dir",
-                             str(state_dir), "--device-id", DEV], cwd=REPO, stdout=subprocess.DEVNULL,
+                             str(state_dir), "--device-id", DEV, "--calibration", "quick"], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while True:

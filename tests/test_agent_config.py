@@ -22,6 +22,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_work_on_a_laptop_with_a_local_broker(monkeypatch):
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     cfg = load_config()
     assert cfg.broker == Broker()  # mqtt://localhost:1883
     assert cfg.device_id == default_device_id()
@@ -32,6 +33,14 @@ def test_defaults_work_on_a_laptop_with_a_local_broker(monkeypatch):
 def test_state_directory_from_systemd(monkeypatch):
     monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/daop-agent:/var/lib/other")
     assert load_config().state_dir == Path("/var/lib/daop-agent")
+
+
+def test_the_agent_and_estimate_share_the_xdg_state_home(monkeypatch, tmp_path):
+    from agent.calibration_store import default_state_dir
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert load_config().state_dir == default_state_dir() == tmp_path / "daop-agent"
 
 
 def test_hostname_is_sanitised_into_a_device_id(monkeypatch):
@@ -104,6 +113,7 @@ BAD = [
     ("[agent]\nsample_interval_s = 0\n", "sample interval"),
     ("[agent]\nsample_interval_s = 'fast'\n", "agent.sample_interval_s"),
     ("[agent]\nfoo = 1\n", "unknown key in [agent]: foo"),
+    ("[agent]\ncalibration = 'fast'\n", "agent.calibration must be full or quick"),
     ("[brokers]\n", "unknown section"),
     ("[broker]\nurl = 'http://x'\n", "mqtt://"),
     ("[broker]\nurl = 'mqtt://h'\nca_file = '/nonexistent'\n", "not mqtts"),
@@ -146,3 +156,4 @@ def test_the_example_config_loads_as_documented():
     cfg = load_config(REPO / "examples" / "agent.toml")
     assert cfg.broker.url == "mqtt://localhost:1883" and cfg.sample_interval_s == 1.0
     assert cfg.rules.dwell_s == 2.0 and cfg.limits.max_monitors == 1000 and cfg.policy.power_saver is False
+    assert cfg.calibration == "full"

@@ -41,7 +41,8 @@ async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pa
 
     tree = vm(tmp_path / "tree")
     cfg = load_config(None, {"broker": mosquitto.url, "device_id": "refresh1", "state_dir": str(state_dir),
-                             "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1})
+                             "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
+                             "calibration": "quick"})
     agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, ppd=False), measure=measure)
     task = asyncio.get_running_loop().create_task(agent.run())
     try:

@@ -160,7 +160,8 @@ async def test_agent_on_a_laptop_fixture_tree_and_nvml_standin_keeps_running_whi
     config = tmp_path / "agent.toml"
     config.write_text("[monitors]\nmin_dwell_s = 0.1\nmax_events_per_minute = 60\n[policy]\nbattery_floor_percent = 20\n")
     cfg = load_config(config, {"broker": mosquitto.url, "device_id": DEV, "state_dir": str(state_dir),
-                               "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1})
+                               "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
+                               "calibration": "quick"})
     gpu = NvmlStandin(gpus=[StandinGpu(util=20)])
     agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, nvml=gpu, gpus=True, ppd=False))
     task = asyncio.get_running_loop().create_task(agent.run())

@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-interval", metavar="S", type=float, help="seconds between device samples (default 1)")
     p.add_argument("--local-broker", metavar="PORT", nargs="?", type=int, const=18830,
                    help="start a private Mosquitto on 127.0.0.1:PORT (default 18830) for the agent and stop it on exit")
+    p.add_argument("--calibration", choices=("full", "quick"),
+                   help="full (default): a quick calibration found at start is redone in full in the background; "
+                        "quick: serve on a quick one as it is (and make a quick one where there is none)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -42,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         "broker": args.broker, "device_id": args.device_id, "state_dir": args.state_dir,
         "sysfs_root": args.sysfs_root, "procfs_root": args.procfs_root,
         "sample_interval_s": args.sample_interval, "local_broker": args.local_broker is not None or None,
+        "calibration": args.calibration,
     })
     _setup_logging(args.log_level)
     from agent.service import Agent  # heavy imports only for this command
