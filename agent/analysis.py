@@ -95,7 +95,7 @@ def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
     return tuple(d for d in DEVICES if (cal := load(state_dir, d)) is not None and cal.quick)
 
 
-def calibrate_in_full(state_dir: Path, devices: tuple[str, ...]) -> None:
+def run_full_calibrations(state_dir: Path, devices: tuple[str, ...]) -> None:
     from agent.calibration_store import run_calibration
 
     for device in devices:
@@ -141,7 +141,7 @@ class AnalysisPool:
         redone = await self._aside_call(quick_calibrations, self.state_dir)
         if redone:
             log.info("the %s calibration is quick: calibrating in full in the background", ", ".join(redone))
-            await self._aside_call(calibrate_in_full, self.state_dir, redone)
+            await self._aside_call(run_full_calibrations, self.state_dir, redone)
             old, self._pool = self._pool, self._new_pool()
             if old is not None:
                 old.shutdown(wait=False)  # calls under way there finish on the quick calibration

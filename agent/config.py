@@ -79,7 +79,7 @@ class Config:
     limits: AgentLimits = field(default_factory=AgentLimits)
     policy: Policy = field(default_factory=Policy)
     local_broker: bool = False
-    calibration: str = "full"  # "quick": serve on a quick calibration as it is (see CALIBRATIONS)
+    calibration: str = "full"  # one of CALIBRATIONS
 
     @property
     def client_id(self) -> str:

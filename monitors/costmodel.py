@@ -129,6 +129,9 @@ class CostModel:
         self._cache: dict[tuple[str, str, tuple[float, ...]], float] = {}
         self.cache_bytes = calibration.cache_bytes or int(calibration.fingerprint.get("llc_bytes", "0") or 0)
         self.stream_bytes_per_s = calibration.stream_bytes_per_s  # 0 where unmeasured (GPU): no cold pricing
+        beyond = [(size, rate) for size, rate in calibration.read_rates if size >= self.cache_bytes]
+        # log sizes and log rates from the cache on (weight_read_rate); None: memory's rate throughout
+        self._read_curve = np.log(beyond).T if len(beyond) >= 2 else None
 
     def table(self, k: Kernel) -> str:
         """The calibration table that prices `k`."""
@@ -165,10 +168,9 @@ class CostModel:
         """
         if not (self.cache_bytes > 0 and footprint > self.cache_bytes and self.stream_bytes_per_s > 0):
             return 0.0
-        beyond = [(size, rate) for size, rate in self.calibration.read_rates if size >= self.cache_bytes]
-        if len(beyond) < 2:
+        if self._read_curve is None:
             return self.stream_bytes_per_s
-        sizes, rates = np.log([s for s, _ in beyond]), np.log([r for _, r in beyond])
+        sizes, rates = self._read_curve
         return float(np.exp(np.interp(math.log(footprint), sizes, rates)))
 
     def seconds(self, plan: Plan) -> float:

@@ -449,11 +449,15 @@ def memory_levels(rates: list[tuple[int, float]], reported_cache: int) -> Memory
 
 
 def fastest_sweep(sweeps: list[MemoryLevels], reported_cache: int) -> MemoryLevels:
-    """Sweeps made apart in time, combined: each working set keeps its fastest rate."""
-    if not sweeps[0].rates:
+    """Sweeps made apart in time, combined: each working set that all of them read keeps its fastest
+    rate (a sweep stops short when free memory has shrunk)."""
+    fastest: dict[int, float] = {}
+    for size, rate in (r for s in sweeps for r in s.rates):
+        fastest[size] = max(rate, fastest.get(size, 0.0))
+    common = set.intersection(*({size for size, _ in s.rates} for s in sweeps))
+    if len(common) < 2:
         return sweeps[0]
-    rates = [(size, max(s.rates[i][1] for s in sweeps)) for i, (size, _) in enumerate(sweeps[0].rates)]
-    return memory_levels(rates, reported_cache)
+    return memory_levels([(size, fastest[size]) for size in sorted(common)], reported_cache)
 
 
 def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | None = None,

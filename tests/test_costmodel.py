@@ -199,6 +199,8 @@ def test_memory_sweeps_made_apart_keep_each_working_sets_fastest_rate():
     levels = fastest_sweep([slow_spell, quiet], reported_cache=32 * mib)
     assert levels.rates == ((16 * mib, 40e9), (32 * mib, 25e9), (64 * mib, 20e9))
     assert levels.stream_bytes_per_s == 20e9 and levels.cache_bytes == 16 * mib
+    short = MemoryLevels(0, 0.0, ((16 * mib, 50e9), (32 * mib, 30e9)))  # less free memory: fewer sizes
+    assert fastest_sweep([quiet, short], reported_cache=32 * mib).rates == ((16 * mib, 50e9), (32 * mib, 30e9))
 
 
 def test_quick_grids_keep_every_compute_point_but_the_costliest_and_thin_the_memory_ones():

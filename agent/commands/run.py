@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import replace
 
-from agent.config import load_config, parse_broker_url
+from agent.config import CALIBRATIONS, load_config, parse_broker_url
 from monitors.errors import BadInput
 
 HELP = "Run the agent: device monitors and the MQTT API (what the systemd unit starts)."
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-interval", metavar="S", type=float, help="seconds between device samples (default 1)")
     p.add_argument("--local-broker", metavar="PORT", nargs="?", type=int, const=18830,
                    help="start a private Mosquitto on 127.0.0.1:PORT (default 18830) for the agent and stop it on exit")
-    p.add_argument("--calibration", choices=("full", "quick"),
+    p.add_argument("--calibration", choices=CALIBRATIONS,
                    help="full (default): a quick calibration found at start is redone in full in the background; "
                         "quick: serve on a quick one as it is (and make a quick one where there is none)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
