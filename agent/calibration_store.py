@@ -83,8 +83,8 @@ def run_calibration(state_dir: str | os.PathLike, device: str = "cpu", quick: bo
     from probes import refresh
 
     cal = microbench.calibrate(quick=quick, device=device, progress=progress)
-    # The warm refresh's probes, timed right after: the reference that present speed is measured against.
-    cal = replace(cal, refresh_reference=dict(refresh.measure()))
+    # The warm refresh's probe, timed right after: the reference that present speed is measured against.
+    cal = replace(cal, refresh_reference=dict(refresh.reference()))
     save(state_dir, cal)
     return cal
 

@@ -14,10 +14,10 @@ expects. The runner:
   against a private Mosquitto or a given broker, and talks to it over MQTT
   as an app would (`agent.client.DaopClient`);
 - keeps the device consistent: the agent's warm refresh runs the real
-  onnxruntime micro-benchmarks on the real CPU (so real busy processes slow
-  them down for real), and their CPU time per run is then divided by the
-  simulated clock ratio (limit / maximum), because a core clocked at a
-  quarter of its maximum takes four times the CPU time per run;
+  onnxruntime probe on the real CPU (so that it costs what it costs on a
+  device), and reports what the simulated device would read: the probe's
+  quiet time per run slowed by the simulated clock (limit / maximum) and by
+  the scenario's busy processes sharing the cores, like /proc/stat;
 - prints the timeline and checks the expectations.
 
 Parsing and validation are pure; everything else is I/O.
@@ -597,34 +597,37 @@ def _real_meminfo() -> tuple[int, int]:
 
 
 class SimulatedRefresh:
-    """The warm refresh of the simulated device: real micro-benchmarks, CPU time scaled by the simulated clock.
+    """The warm refresh of the simulated device.
 
-    The per-CPU-second part (thread CPU time per run) is measured for real and
-    divided by the simulated clock ratio. The share of a core the probe
-    threads get is the simulated device's: `cores / (threads + busy
-    processes)`, what they would get among the scenario's load alone. The
-    host's other tenants are left out, as they are left out of the simulated
-    /proc/stat, so that the run does not depend on what else shares the host.
+    The real probe runs on the real CPU, so that a refresh costs real CPU
+    time and the refresh policy's budget holds as on a device. What it
+    reports is the simulated device's reading: the reference's time per run
+    (the host at rest), times the simulated clock's slowdown (maximum /
+    limit) and the contention of the scenario's busy processes
+    (monitors.speed.contention_factor). The host's other tenants are left
+    out, as they are left out of the simulated /proc/stat, so that the run
+    does not depend on what else shares the host.
 
     Smaller than the agent's default (a CPU budget of 30 ms instead of 150 ms)
     so that the refresh policy's 1 %-of-a-core budget lets it run every few
     seconds and follow a timeline compressed into tens of seconds.
     """
 
-    def __init__(self, device: SimulatedDevice) -> None:
+    def __init__(self, device: SimulatedDevice, reference: dict[str, float]) -> None:
         from probes.refresh import WarmRefresh
 
         self.device = device
-        self.bench = WarmRefresh(window_s=0.03, cpu_budget_s=0.03, max_wall_s=0.25)
+        self.reference = reference
+        self.bench = WarmRefresh(cpu_budget_s=0.03, max_wall_s=0.25)
 
     def measure(self) -> dict[str, float]:
-        from probes.refresh import SHARE_KEY, THREADS_KEY
+        from monitors.speed import contention_factor
+        from probes.refresh import LOCKSTEP_KEY
 
-        ratio = self.device.clock_ratio
         out = self.bench.measure()
-        scaled = {k: (v / ratio if k.startswith("cpu_") else v) for k, v in out.items()}
-        scaled[SHARE_KEY] = min(1.0, self.device.cores / (out[THREADS_KEY] + self.device.load.running))
-        return scaled
+        contention = contention_factor(self.bench.threads, self.device.load.running, self.device.cores)
+        out[LOCKSTEP_KEY] = self.reference[LOCKSTEP_KEY] * contention / self.device.clock_ratio
+        return out
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -680,25 +683,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare_state_dir(state_dir: Path, calibration_from: Path, announce: Any = sys.stderr) -> None:
-    """The agent's private state dir: the CPU calibration of this host, with a reference refresh taken now.
-
-    The reference is the unscaled measurement of the device at rest, taken
-    under the host's present background load, so that slowdowns measured
-    during the run are relative to this moment on this host.
-    """
+def prepare_state_dir(state_dir: Path, calibration_from: Path, announce: Any = sys.stderr) -> dict[str, float]:
+    """The agent's private state dir: the CPU calibration of this host, with a reference refresh taken now,
+    which is returned (the simulated device at rest, see SimulatedRefresh)."""
     from agent import calibration_store
-    from probes.refresh import SHARE_KEY, WarmRefresh
+    from probes.refresh import WarmRefresh
 
     cal = calibration_store.load(calibration_from, "cpu")
     if cal is None:
         if announce is not None:
             print(f"daop-agent: no CPU calibration in {calibration_from}: calibrating now (quick)...", file=announce)
         cal = calibration_store.run_calibration(calibration_from, "cpu", quick=True)
-    bench = WarmRefresh(window_s=0.03, cpu_budget_s=0.03, max_wall_s=0.25)
-    reference = min((bench.measure() for _ in range(3)), key=lambda r: r.get("cpu_matmul_256", math.inf))
-    reference[SHARE_KEY] = 1.0  # the simulated device at rest: no other load (see SimulatedRefresh)
+    reference = WarmRefresh(cpu_budget_s=0.03, max_wall_s=0.25).reference()
     calibration_store.save(state_dir, replace(cal, refresh_reference=reference))
+    return reference
 
 
 Emit = Callable[[dict[str, Any]], None]
@@ -725,7 +723,7 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
             device.apply(scenario.initial)
             state_dir = tmp / "state"
             state_dir.mkdir(mode=0o700)
-            await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from)
+            reference = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from)
             if broker is None:
                 private = LocalBroker(tmp, _free_port())
                 private.start()
@@ -738,7 +736,7 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
                                             "sysfs_root": str(device.sys), "procfs_root": str(device.proc),
                                             "sample_interval_s": scenario.sample_interval_s,
                                             "calibration": "quick"})
-            refresh = SimulatedRefresh(device)
+            refresh = SimulatedRefresh(device, reference)
             agent = Agent(cfg, sampler=device.sampler(), measure=refresh.measure)
             agent_task = asyncio.get_running_loop().create_task(agent.run())
             deadline = time.monotonic() + 120

@@ -38,6 +38,9 @@ def _report(name: str, costs: list[float], target_ms: float) -> bool:
     return ok
 
 
+TAIL_S = 0.1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ticks", type=int, default=500)
@@ -73,11 +76,12 @@ def main() -> int:
     costs, walls = [], []
     warm.measure()
     for _ in range(args.refreshes):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         warm.measure()
         walls.append(time.perf_counter() - t0)
-        costs.append(warm.last_cpu_s or 0.0)
-    ok &= _report("one refresh (3 probes in each probe thread)", costs, 200.0)
+        time.sleep(TAIL_S)  # onnxruntime's threads may spin on after a run: that CPU is the refresh's too
+        costs.append(time.process_time() - c0)
+    ok &= _report(f"one refresh (all threads, and {1e3 * TAIL_S:.0f} ms after it)", costs, 200.0)
     print(f"{'':44s} wall median {1e3 * statistics.median(walls):.1f} ms")
     worst = max(costs)
     policy = RefreshPolicy(period_s=args.period)

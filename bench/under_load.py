@@ -141,12 +141,12 @@ def main() -> int:
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
     from monitors.speed import speed_from_state
-    from probes.refresh import demand_from_share, measure, slowdown
+    from probes.refresh import LOCKSTEP_KEY, measure, slowdown
     from probes.state import Sampler
 
     state_dir = args.state_dir or Path(__file__).resolve().parent / ".cache" / "state"
     estimator = Estimator.load(state_dir, device="cpu") if (state_dir / "calibration-cpu.json").exists() else None
-    if estimator is None or "share" not in estimator.calibrations["cpu"].refresh_reference:
+    if estimator is None or LOCKSTEP_KEY not in estimator.calibrations["cpu"].refresh_reference:
         # The warm-refresh reference must come from this version's probes, taken right after calibration.
         state_dir = Path(__file__).resolve().parent / ".cache" / "state-under-load"
         if not (state_dir / "calibration-cpu.json").exists():
@@ -160,13 +160,13 @@ def main() -> int:
     for name in args.models.split(","):
         model = zoo.BY_NAME[name]
         models.append((name, estimator.estimate(load_graph(model.path(), inputs=model.inputs), device="cpu").latency_ms))
-    measure()  # create the refresh sessions before timing anything
+    measure()  # create the refresh session before timing anything
     app = App([name for name, _ in models])
 
     sampler = Sampler()
     rows = []
     quiet: dict[str, tuple[float, float]] = {}  # model -> (speed, real) of the "0" run
-    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'D':>5} {'P':>5} {'M':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
+    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'P':>5} {'M':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
           f"{'real ms':>8} {'err':>6} {'err P':>6} {'err M':>6} {'slowdown est/real':>18}")
     for load in args.loads.split(","):
         procs = start_load(load)
@@ -184,7 +184,6 @@ def main() -> int:
                     measured = slowdown(now, reference) if reference else None
                     speed = speed_from_state(state, measured, threads, measured_current=True)
                     cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
-                                   "D": demand_from_share(now) or float("nan"),
                                    "busy": state.cpu.others_busy_cores or 0.0, "runq": state.cpu.runnable_others or 0.0,
                                    "real": app.latency_ms(name, args.seconds / args.cycles)})
                 g = {k: geomean([c[k] for c in cycles]) if k in ("speed", "P", "M", "real")
@@ -197,7 +196,7 @@ def main() -> int:
                 row = {"load": load, "model": name, "err": est / real - 1, "err_p": base * g["P"] / real - 1,
                        "err_m": base * g["M"] / real - 1, "slow_err": est_slow / real_slow - 1}
                 rows.append(row)
-                print(f"{load:>5} {g['busy']:5.2f} {g['runq']:5.2f} {g['D']:5.2f} {g['P']:5.2f} {g['M']:5.2f} "
+                print(f"{load:>5} {g['busy']:5.2f} {g['runq']:5.2f} {g['P']:5.2f} {g['M']:5.2f} "
                       f"{g['speed']:5.2f}  {name:26s} {est:8.1f} {real:8.1f} {100 * row['err']:+5.0f}% "
                       f"{100 * row['err_p']:+5.0f}% {100 * row['err_m']:+5.0f}% {est_slow:8.2f}/{real_slow:<5.2f}",
                       flush=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 6  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+FORMAT_VERSION = 7  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
 # 4: the cache size measured, not reported; overheads from the wall clock alone; 5: the read rates over
 # working sets around the cache; every reading the fastest of three passes; 6: read rates by
-# onnxruntime's own MatMul, out to eight times the reported cache
+# onnxruntime's own MatMul, out to eight times the reported cache; 7: the warm refresh's reference is the
+# wall time of a lock-stepped multi-threaded probe
 
 
 @dataclass(frozen=True)

@@ -66,11 +66,6 @@ def lockstep_penalty(oversubscription: float, threads: int) -> float:
     return 1.0 + LOCKSTEP * ramp * (threads - 1) / threads
 
 
-def lockstep(fair: float, threads: int) -> float:
-    """A fair-share slowdown of `threads` lock-stepped intra-op threads, with the straggler penalty."""
-    return fair * lockstep_penalty(fair, threads)
-
-
 def contention_factor(threads: int, others: float, cores: int, busy_others: float | None = None) -> float:
     """Slowdown of `threads` intra-op threads sharing `cores` with `others` tasks that want a CPU.
 

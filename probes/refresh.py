@@ -1,26 +1,28 @@
-"""Warm refresh: cheap onnxruntime micro-benchmarks that measure the device's present speed.
+"""Warm refresh: a cheap onnxruntime probe that measures how much slower one inference runs now than calibrated.
 
-`measure()` right after cold calibration is the reference; later,
+`reference()` right after cold calibration is the quiet device; later,
 `slowdown(measure(), reference)` is how much slower one inference runs now.
 
-A slowdown has two parts, measured separately because short benchmarks
-timed by the wall clock are dominated by scheduling noise (a probe shorter
-than a scheduler slice is either untouched or preempted; one just after
-the agent slept enjoys the scheduler's credit for sleepers):
+The probe runs as an app runs a model: one session with onnxruntime's
+default options (intra-op threads = the physical cores, pinned, spinning
+between kernels), run back to back. (Only the spinning after the last run
+is cut short.) Its wall time per run is averaged
+over a window of several scheduler slices, and that one figure sees
+everything that slows a real inference: lower clocks (thermal, power),
+time slicing with other tasks, group scheduling and cgroup limits, steal,
+and the waits of lock-stepped intra-op threads for a descheduled peer.
 
-* **speed per CPU-second**: single-threaded probes (a MatMul, a 3x3
-  convolution, a memory-bound Add over 8 MB operands) timed in thread CPU
-  time. This sees lower clocks (thermal, power), memory-bandwidth
-  contention and a busy SMT sibling, and not time slicing.
-* **share of a CPU**: `threads` probe threads (onnxruntime's intra-op
-  thread count) run together for a short window; each one's CPU time over
-  the wall time is the share of a core it gets, whatever decides it (other
-  tasks, group scheduling, cgroup limits, steal). Time slicing slows an
-  inference by 1 / share. `demand = cores / share - threads` says how many
-  other tasks that share corresponds to (shown, not used).
+Why a mean over a window and not the median run: under time slicing a
+short run either fits between preemptions or waits a whole slice, so single
+runs are bimodal; the mean over many runs is what an app's throughput sees.
+Why not the share of a core times an assumed penalty for the lock-stepped
+waits (the design until 2026-11-21): that penalty depends on the machine's
+scheduler and hypervisor, and a constant fitted on one machine read 27-55 %
+high on another (docs/device-state.md).
 
-Sessions are created once and cached; one refresh costs at most about
-`CPU_BUDGET_S` of CPU (bench/probe_cost.py).
+The session is created once and cached; one refresh runs until the process
+has used `CPU_BUDGET_S` of CPU (so it lasts longer when the probe gets less
+of a core, and sees more slices), or `MAX_WALL_S` has passed.
 
 `RefreshPolicy` (pure) says when to refresh: periodically, and soon after
 the state changes markedly, within a CPU budget of 1 % of a core.
@@ -30,66 +32,47 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# One refresh: every probe thread loops over the probes for WINDOW_S of wall time, or until the
-# threads together used CPU_BUDGET_S of CPU, with at least MIN_ROUNDS rounds each.
-WINDOW_S = 0.07
-SETTLE_S = 0.02  # the share is counted after this much of the window
+CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
-CPU_BUDGET_S = 0.15
-MIN_ROUNDS = 3
-SHARE_KEY = "share"  # mean share of a core the probe threads got
+MIN_RUNS = 3
+REFERENCE_RUNS = 3  # the reference keeps the fastest of this many refreshes (the quiet device)
+LOCKSTEP_KEY = "lockstep_s"  # wall seconds per run of the probe, mean over the window
 THREADS_KEY = "threads"
 CORES_KEY = "cores"
 # onnxruntime 1.31 reads IR versions up to 13; onnx 1.23 writes 14 by default.
 IR_VERSION = 10
 OPSET = 17
+# The probe: LAYERS 3x3 convolutions (+ Relu) over CHANNELS x PIXELS x PIXELS, the bulk of a CNN; about
+# 1 ms a run on two cores of a 2026 server, so that a window holds tens of runs.
+LAYERS, CHANNELS, PIXELS = 4, 32, 56
 
 
-def _build_models() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
-    """The probe graphs (serialized ONNX) and their inputs, built in memory."""
+def _build_model() -> tuple[bytes, dict[str, np.ndarray]]:
+    """The probe graph (serialized ONNX) and its input, built in memory."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    f32 = TensorProto.FLOAT
-
-    def model(name: str, nodes, inputs, outputs, initializers=()) -> bytes:
-        graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(initializers))
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-        m.ir_version = IR_VERSION
-        onnx.checker.check_model(m)
-        return m.SerializeToString()
-
-    def value(name: str, shape: list[int]):
-        return helper.make_tensor_value_info(name, f32, shape)
-
-    models: dict[str, tuple[bytes, dict[str, np.ndarray]]] = {}
-    n = 256
-    models["cpu_matmul_256"] = (
-        model("matmul", [helper.make_node("MatMul", ["a", "b"], ["y"])],
-              [value("a", [n, n]), value("b", [n, n])], [value("y", [n, n])]),
-        {"a": rng.standard_normal((n, n), dtype=np.float32), "b": rng.standard_normal((n, n), dtype=np.float32)},
-    )
-    weights = numpy_helper.from_array(rng.standard_normal((32, 32, 3, 3), dtype=np.float32) * 0.05, "w")
-    models["cpu_conv3x3_32ch_28px"] = (
-        model("conv", [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
-              [value("x", [1, 32, 28, 28])], [value("y", [1, 32, 28, 28])], [weights]),
-        {"x": rng.standard_normal((1, 32, 28, 28), dtype=np.float32)},
-    )
-    count = 1 << 21  # 8 MB of float32 per operand, 24 MB moved: more than most last-level caches
-    models["cpu_add_8mb"] = (
-        model("add", [helper.make_node("Add", ["a", "b"], ["y"])],
-              [value("a", [count]), value("b", [count])], [value("y", [count])]),
-        {"a": rng.standard_normal(count, dtype=np.float32), "b": rng.standard_normal(count, dtype=np.float32)},
-    )
-    return models
+    shape = [1, CHANNELS, PIXELS, PIXELS]
+    nodes, weights, x = [], [], "x"
+    for i in range(LAYERS):
+        w = (rng.standard_normal((CHANNELS, CHANNELS, 3, 3)) * 0.05).astype(np.float32)
+        weights.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "warm_refresh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model.SerializeToString(), {"x": rng.standard_normal(shape, dtype=np.float32)}
 
 
 def default_threads() -> int:
@@ -103,138 +86,80 @@ def default_threads() -> int:
 
 
 class WarmRefresh:
-    """Cached single-threaded onnxruntime sessions for the probes, and the probe threads' measurement."""
+    """The cached probe session and its measurement."""
 
-    def __init__(self, threads: int | None = None, window_s: float = WINDOW_S, cpu_budget_s: float = CPU_BUDGET_S,
+    def __init__(self, threads: int | None = None, cpu_budget_s: float = CPU_BUDGET_S,
                  max_wall_s: float = MAX_WALL_S) -> None:
         import onnxruntime as ort
 
         self.threads = threads or default_threads()
         self.cores = os.cpu_count() or self.threads
-        self.window_s = window_s
         self.cpu_budget_s = cpu_budget_s
         self.max_wall_s = max_wall_s
         self._lock = threading.Lock()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = 1  # the probe thread itself computes: its CPU time is the probe's
-        options.inter_op_num_threads = 1
-        self._sessions = [
-            (name, ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"]), feeds)
-            for name, (blob, feeds) in _build_models().items()
-        ]
+        if threads:  # else onnxruntime's default, as an app's session: the physical cores, with affinity
+            options.intra_op_num_threads = threads
+        # The intra-op threads spin between kernels as an app's do, but stop when a run returns: else they
+        # would spin on for about 50 ms after each refresh, a quarter of its CPU and in the app's way.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        blob, self._feeds = _build_model()
+        self._session = ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
         self.last_cpu_s: float | None = None
         self.last_runs: int = 0
 
     def measure(self) -> dict[str, float]:
-        """Thread CPU seconds per run of each probe, the share of a core the probe threads got, threads, cores."""
+        """Wall seconds per run of the probe (mean over the window), threads, cores."""
         with self._lock:  # one refresh at a time: two would slow each other down
-            cpu_start = time.process_time()
-            results: list[tuple[dict[str, list[float]], float, float, int]] = [None] * self.threads  # type: ignore[list-item]
-            start = threading.Barrier(self.threads)
-            deadline_cpu = cpu_start + self.cpu_budget_s
-
-            def worker(i: int) -> None:
-                for _, session, feeds in self._sessions:  # warm-up: first runs allocate
-                    session.run(None, feeds)
-                start.wait()
-                cpu_times: dict[str, list[float]] = {name: [] for name, _, _ in self._sessions}
-                wall0 = time.perf_counter()
-                # Share of a core, counted inside session.run only (no GIL there: waiting for the GIL
-                # between runs is not time slicing) and after SETTLE_S, because the scheduler favours
-                # a task that just woke up.
-                cpu_in, wall_in = 0.0, 0.0
-                rounds = 0
-                while True:
-                    settled = time.perf_counter() - wall0 >= SETTLE_S
-                    for name, session, feeds in self._sessions:
-                        c, w = time.thread_time(), time.perf_counter()
-                        session.run(None, feeds)
-                        c, w = time.thread_time() - c, time.perf_counter() - w
-                        cpu_times[name].append(c)
-                        if settled:
-                            cpu_in, wall_in = cpu_in + c, wall_in + w
-                    rounds += 1
-                    wall = time.perf_counter() - wall0
-                    if rounds >= MIN_ROUNDS and (wall >= self.window_s or time.process_time() >= deadline_cpu):
-                        break
-                    if wall >= self.max_wall_s:
-                        break
-                if wall_in <= 0.0:  # never settled: count the whole window
-                    cpu_in = sum(sum(v) for v in cpu_times.values())
-                    wall_in = time.perf_counter() - wall0
-                results[i] = (cpu_times, cpu_in, wall_in, rounds)
-
-            workers = [threading.Thread(target=worker, args=(i,), name=f"warm-refresh-{i}") for i in range(self.threads)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
+            cpu_start = time.process_time()  # the whole process: onnxruntime's threads included
+            self._session.run(None, self._feeds)  # untimed: wakes the intra-op threads
+            deadline_cpu = time.process_time() + self.cpu_budget_s
+            runs = 0
+            start = time.perf_counter()
+            while True:
+                self._session.run(None, self._feeds)
+                runs += 1
+                wall = time.perf_counter() - start
+                if wall >= self.max_wall_s or (runs >= MIN_RUNS and time.process_time() >= deadline_cpu):
+                    break
             self.last_cpu_s = time.process_time() - cpu_start
-            self.last_runs = min(r[3] for r in results)
-            out: dict[str, float] = {}
-            for name, _, _ in self._sessions:
-                out[name] = statistics.median(t for r in results for t in r[0][name])
-            out[SHARE_KEY] = min(1.0, statistics.fmean(cpu / wall for _, cpu, wall, _ in results if wall > 0))
-            out[THREADS_KEY] = float(self.threads)
-            out[CORES_KEY] = float(self.cores)
-            return out
+            self.last_runs = runs
+            return {LOCKSTEP_KEY: wall / runs, THREADS_KEY: float(self.threads), CORES_KEY: float(self.cores)}
+
+    def reference(self) -> dict[str, float]:
+        """The quiet device: the fastest of REFERENCE_RUNS refreshes (interference only ever adds time)."""
+        return min((self.measure() for _ in range(REFERENCE_RUNS)), key=lambda m: m[LOCKSTEP_KEY])
 
 
 _default: WarmRefresh | None = None
 _default_lock = threading.Lock()
 
 
-def measure() -> dict[str, float]:
-    """The present measurement (sessions created on the first call, then reused)."""
+def _instance() -> WarmRefresh:
     global _default
     with _default_lock:
         if _default is None:
             _default = WarmRefresh()
-    return _default.measure()
+    return _default
 
 
-def speed_per_cpu_second(now: dict[str, float], reference: dict[str, float]) -> float | None:
-    """Median over the single-threaded probes of now / reference CPU time per run."""
-    ratios = [
-        now[k] / reference[k]
-        for k in now.keys() & reference.keys()
-        if k.startswith("cpu_") and reference[k] > 0 and now[k] > 0 and math.isfinite(now[k] / reference[k])
-    ]
-    return statistics.median(ratios) if ratios else None
+def measure() -> dict[str, float]:
+    """The present measurement (the session is created on the first call, then reused)."""
+    return _instance().measure()
 
 
-def demand_from_share(measurement: dict[str, float]) -> float | None:
-    """How many other tasks wanted the CPUs while the probe threads ran: cores / share - threads."""
-    share, threads, cores = (measurement.get(k) for k in (SHARE_KEY, THREADS_KEY, CORES_KEY))
-    if not share or not threads or not cores or share <= 0:
-        return None
-    return max(0.0, cores / min(share, 1.0) - threads)
-
-
-def contention(measurement: dict[str, float]) -> float | None:
-    """Slowdown from time slicing: 1 / the share of a core the probe threads got, with the
-    penalty lock-stepped threads pay for it (monitors.speed.lockstep)."""
-    from monitors.speed import lockstep
-
-    share = measurement.get(SHARE_KEY)
-    if not share or share <= 0:
-        return None
-    threads = int(measurement.get(THREADS_KEY, 1) or 1)
-    return min(lockstep(1.0 / min(share, 1.0), threads), 50.0)
+def reference() -> dict[str, float]:
+    """The reference measurement, to be taken right after cold calibration."""
+    return _instance().reference()
 
 
 def slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:
-    """How much slower one inference runs now than calibrated: speed per CPU-second times contention now.
-
-    Contention is absolute, not relative to the reference: cold calibration keeps
-    the fastest run of each micro-benchmark, which is the quiet device's speed
-    even when other work ran meanwhile. None when the two have no probe in common.
-    """
-    speed = speed_per_cpu_second(now, reference)
-    if speed is None:
+    """How much slower one inference runs now than calibrated: the probe's wall time per run, now over the
+    reference's. None when either lacks it (a reference from an older version of the probe)."""
+    a, b = now.get(LOCKSTEP_KEY), reference.get(LOCKSTEP_KEY)
+    if not a or not b or a <= 0 or b <= 0 or not math.isfinite(a / b):
         return None
-    c_now = contention(now)
-    return speed if c_now is None else speed * c_now
+    return a / b
 
 
 @dataclass(frozen=True)

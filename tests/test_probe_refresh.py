@@ -1,4 +1,4 @@
-"""Warm refresh: real onnxruntime micro-benchmarks, slowdown, and the refresh policy (fixture-tree states)."""
+"""Warm refresh: a real onnxruntime probe, slowdown, and the refresh policy (fixture-tree states)."""
 
 from __future__ import annotations
 
@@ -9,42 +9,54 @@ import sys
 import time
 
 import pytest
-
-from monitors.speed import lockstep
 from sysfs_trees import laptop
 
 from probes import refresh
-from probes.refresh import RefreshPolicy, WarmRefresh, demand_from_share, slowdown
+from probes.refresh import LOCKSTEP_KEY, MIN_RUNS, RefreshPolicy, WarmRefresh, slowdown
 from probes.state import Sampler
 
 
-PROBES = {"cpu_matmul_256", "cpu_conv3x3_32ch_28px", "cpu_add_8mb"}
-
-
-def test_measure_runs_real_onnxruntime_probes_with_cached_sessions():
-    warm = WarmRefresh(threads=2, window_s=0.02)
-    sessions = list(warm._sessions)
+def test_measure_runs_a_real_multithreaded_onnxruntime_probe_with_a_cached_session():
+    warm = WarmRefresh(threads=2, cpu_budget_s=0.02)
+    session = warm._session
     first = warm.measure()
     second = warm.measure()
-    assert set(first) == set(second) == PROBES | {"share", "threads", "cores"}
-    assert all(0 < first[k] < 1.0 for k in PROBES)
-    assert 0 < first["share"] <= 1.0 and first["threads"] == 2.0 and first["cores"] == os.cpu_count()
-    assert warm._sessions == sessions  # created once, reused
+    assert set(first) == set(second) == {LOCKSTEP_KEY, "threads", "cores"}
+    assert 0 < first[LOCKSTEP_KEY] < 1.0
+    assert first["threads"] == 2.0 and first["cores"] == os.cpu_count()
+    assert warm._session is session  # created once, reused
     assert warm.last_cpu_s is not None and warm.last_cpu_s > 0
-    assert warm.last_runs >= 3  # at least MIN_ROUNDS rounds of every probe in every thread
+    assert warm.last_runs >= MIN_RUNS
 
 
 def test_measure_stops_at_its_wall_limit():
-    warm = WarmRefresh(threads=2, window_s=100.0, cpu_budget_s=100.0, max_wall_s=0.1)
+    warm = WarmRefresh(threads=2, cpu_budget_s=100.0, max_wall_s=0.1)
     start = time.perf_counter()
     warm.measure()
     assert time.perf_counter() - start < 2.0
 
 
-def test_measure_sees_real_busy_processes_as_demand():
-    """Real busy processes, one per core, lower the probe threads' share of a core below what they get alone."""
-    warm = WarmRefresh(threads=1, window_s=0.3)
-    alone = warm.measure()["share"]
+def test_measure_stops_at_its_cpu_budget():
+    warm = WarmRefresh(threads=1, cpu_budget_s=0.01, max_wall_s=10.0)
+    warm.measure()
+    one_run = warm.last_cpu_s / (warm.last_runs + 1)  # the untimed run included
+    assert warm.last_cpu_s < 0.01 + 3 * one_run + 0.02  # stops at the first run past the budget
+
+
+def test_reference_keeps_the_fastest_refresh():
+    readings = iter([3e-3, 1e-3, 2e-3])
+
+    class Scripted(WarmRefresh):
+        def measure(self):
+            return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
+
+    assert Scripted(threads=1).reference()[LOCKSTEP_KEY] == 1e-3
+
+
+def test_real_busy_processes_slow_the_probe_down():
+    """As many real busy processes as cores: each probe thread gets about half a core, and waits for the other."""
+    warm = WarmRefresh()
+    quiet = warm.reference()
     cores = os.cpu_count() or 1
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
     try:
@@ -55,46 +67,30 @@ def test_measure_sees_real_busy_processes_as_demand():
             p.kill()
         for p in procs:
             p.wait()
-    assert loaded["share"] < alone
-    assert demand_from_share(loaded) >= cores - 1 - 0.5  # `cores` busy processes, minus noise
+    assert slowdown(loaded, quiet) > 1.5
 
 
 def test_module_measure_reuses_one_instance():
     refresh.measure()
     instance = refresh._default
-    refresh.measure()
+    refresh.reference()
     assert refresh._default is instance
 
 
-def _m(share: float, matmul: float = 1e-3, threads: int = 2, cores: int = 2) -> dict[str, float]:
-    return {"cpu_matmul_256": matmul, "cpu_conv3x3_32ch_28px": matmul / 2, "cpu_add_8mb": matmul * 2,
-            "share": share, "threads": float(threads), "cores": float(cores)}
-
-
-def test_slowdown_per_cpu_second_and_contention():
-    quiet = _m(share=1.0)
+def test_slowdown_is_the_ratio_of_wall_times_per_run():
+    quiet = {LOCKSTEP_KEY: 1e-3, "threads": 2.0, "cores": 2.0}
     assert slowdown(quiet, quiet) == pytest.approx(1.0)
-    # twice the CPU time per run (clocks halved), no contention
-    assert slowdown(_m(1.0, matmul=2e-3), quiet) == pytest.approx(2.0)
-    # share 0.5 with 2 threads on 2 cores: 2 other tasks; time slicing makes it twice as slow, and the
-    # lock-stepped threads wait for each other on top (monitors.speed.lockstep)
-    assert demand_from_share(_m(0.5)) == pytest.approx(2.0)
-    assert slowdown(_m(0.5), quiet) == pytest.approx(lockstep(2.0, 2))
-    assert slowdown(_m(0.5, threads=1), quiet) == pytest.approx(2.0)
-    assert slowdown(_m(0.25, matmul=2e-3), quiet) == pytest.approx(2.0 * lockstep(4.0, 2))  # both parts multiply
-    # calibration keeps the fastest runs: contention while the reference was taken does not count
-    assert slowdown(_m(0.5), _m(0.5)) == pytest.approx(lockstep(2.0, 2))
-    assert slowdown(_m(1.0), _m(0.25)) == pytest.approx(1.0)
+    assert slowdown({**quiet, LOCKSTEP_KEY: 2.5e-3}, quiet) == pytest.approx(2.5)
+    assert slowdown({**quiet, LOCKSTEP_KEY: 0.9e-3}, quiet) == pytest.approx(0.9)  # the floor is monitors.speed's
 
 
-def test_slowdown_without_common_probes_or_share():
-    quiet = _m(1.0)
-    assert slowdown({"other": 1.0}, quiet) is None
-    old_format = {"matmul_384": 1e-3}  # a reference from an older version: nothing to compare
+def test_slowdown_without_a_common_probe_is_none():
+    quiet = {LOCKSTEP_KEY: 1e-3, "threads": 2.0, "cores": 2.0}
+    old_format = {"cpu_matmul_256": 1e-3, "share": 1.0}  # a reference from an older version: nothing to compare
     assert slowdown(quiet, old_format) is None
-    no_share = {k: v for k, v in quiet.items() if k.startswith("cpu_")}
-    assert slowdown(_m(1.0, matmul=3e-3), no_share) == pytest.approx(3.0)
-    assert slowdown({"cpu_matmul_256": float("nan")}, quiet) is None
+    assert slowdown(old_format, quiet) is None
+    assert slowdown({LOCKSTEP_KEY: float("nan")}, quiet) is None
+    assert slowdown({LOCKSTEP_KEY: 0.0}, quiet) is None
 
 
 @pytest.fixture

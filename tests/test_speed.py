@@ -12,7 +12,7 @@ from nvml_standin import NvmlStandin, StandinGpu
 from sysfs_trees import desktop, laptop, server, vm
 
 from monitors.speed import (POWER_SAVING_FACTOR, UNSIZED_THROTTLING_FACTOR, Speed, combine, contention_factor,
-                            lockstep, speed_from_state)
+                            lockstep_penalty, speed_from_state)
 from probes.state import Sampler
 
 
@@ -23,6 +23,11 @@ def sampled(tree, nvml=None, busy=0, idle=100, steal=0):
     sampler.sample()
     tree.set_stat(busy=1000 + busy, idle=9000 + idle, steal=100 + steal)
     return sampler.sample()
+
+
+def lockstep(fair: float, threads: int) -> float:
+    """A fair-share slowdown with the straggler penalty, all other tasks busy."""
+    return fair * lockstep_penalty(fair, threads)
 
 
 def with_cpu(state, **changes):
@@ -36,12 +41,12 @@ def test_desktop_fixture_tree_quiet_is_calibrated_speed(tmp_path):
 
 
 def test_lockstep_penalty_is_continuous_monotone_and_spares_one_thread():
-    assert lockstep(1.0, 2) == 1.0 and lockstep(0.8, 4) == 0.8
-    assert lockstep(3.0, 1) == 3.0  # one thread waits for nobody
-    assert lockstep(1.01, 2) == pytest.approx(1.01, rel=0.02)  # no jump at the edge of oversubscription
-    values = [lockstep(1.0 + i / 20, 2) for i in range(60)]
-    assert values == sorted(values)
-    assert lockstep(2.0, 8) > lockstep(2.0, 2)  # more threads, more to wait for
+    assert lockstep_penalty(1.0, 2) == 1.0 and lockstep_penalty(0.8, 4) == 1.0
+    assert lockstep_penalty(3.0, 1) == 1.0  # one thread waits for nobody
+    assert lockstep_penalty(1.01, 2) == pytest.approx(1.0, rel=0.02)  # no jump at the edge of oversubscription
+    values = [contention_factor(threads=2, others=i / 20, cores=2) for i in range(60)]
+    assert values == sorted(values) and all(b - a < 0.15 for a, b in zip(values, values[1:]))
+    assert lockstep_penalty(2.0, 8) > lockstep_penalty(2.0, 2)  # more threads, more to wait for
 
 
 def test_contention_factor_model():
@@ -49,7 +54,8 @@ def test_contention_factor_model():
     assert contention_factor(threads=1, others=1, cores=2) == 1.0  # a free core each
     assert contention_factor(threads=1, others=3, cores=2) == pytest.approx(2.0)  # fair share: 2 cores for 4
     # fair share (threads + others) / cores, with the penalty of lock-stepped threads
-    assert contention_factor(threads=2, others=1, cores=2) == pytest.approx(lockstep(1.5, 2)) == pytest.approx(2.4)
+    assert contention_factor(threads=2, others=1, cores=2) == pytest.approx(lockstep(1.5, 2)) \
+        == pytest.approx(2.4)
     assert contention_factor(threads=2, others=4, cores=2) == pytest.approx(lockstep(3.0, 2))
     assert contention_factor(threads=4, others=4, cores=8) == 1.0  # free cores
     assert contention_factor(threads=8, others=4, cores=8) == pytest.approx(lockstep(1.5, 8))
