@@ -5,12 +5,12 @@
 
 The probe runs as an app runs a model: one session with onnxruntime's
 default options (intra-op threads = the physical cores, pinned, spinning
-between kernels), run back to back. (Only the spinning after the last run
-is cut short.) Its wall time per run is averaged
-over a window of several scheduler slices, and that one figure sees
-everything that slows a real inference: lower clocks (thermal, power),
-time slicing with other tasks, group scheduling and cgroup limits, steal,
-and the waits of lock-stepped intra-op threads for a descheduled peer.
+between kernels; only the spinning after a run is cut short), run back to
+back. Its wall time per run is averaged over a window of several
+scheduler slices, and that one figure sees everything that slows a real
+inference: lower clocks (thermal, power), time slicing with other tasks,
+group scheduling and cgroup limits, steal, and the waits of lock-stepped
+intra-op threads for a descheduled peer.
 
 Why a mean over a window and not the median run: under time slicing a
 short run either fits between preemptions or waits a whole slice, so single
