@@ -16,14 +16,6 @@ from monitors.estimator import Estimator
 log = logging.getLogger(__name__)
 
 
-def default_state_dir() -> Path:
-    """systemd's $STATE_DIRECTORY, else the XDG state home."""
-    if os.environ.get("STATE_DIRECTORY"):
-        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
-    return Path(base) / "daop-agent"
-
-
 def calibration_path(state_dir: str | os.PathLike, device: str) -> Path:
     return Path(state_dir) / f"calibration-{device}.json"
 

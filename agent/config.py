@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
 
-from agent.calibration_store import default_state_dir
 from monitors.errors import BadInput
 from monitors.limits import Limits
 from monitors.monitor import MonitorRules
@@ -94,6 +93,14 @@ def default_device_id() -> str:
     """The hostname, reduced to the characters a topic level may use here."""
     name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64].strip("-")
     return name or "device"
+
+
+def default_state_dir() -> Path:
+    """systemd's $STATE_DIRECTORY, else the XDG state home."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "daop-agent"
 
 
 def check_device_id(value: Any) -> str:

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     build_s = zoo.build_all(models, log=lambda line: print(line, file=sys.stderr))
     estimator = None
     if not args.measure_only:
-        from agent.calibration_store import default_state_dir
+        from agent.config import default_state_dir
 
         estimator = load_estimator(args.state_dir or default_state_dir())
 

@@ -98,8 +98,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from agent import calibration_store
+    from agent.config import default_state_dir
 
-    source = args.state_dir or calibration_store.default_state_dir()
+    source = args.state_dir or default_state_dir()
     calibration_store.load_estimator(source, quick=True)  # calibrate once if there is none
     print("in-process (one thread):")
     in_process(source, min(5.0, args.seconds))

@@ -78,8 +78,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from agent import calibration_store
+    from agent.config import default_state_dir
 
-    source = args.state_dir or calibration_store.default_state_dir()
+    source = args.state_dir or default_state_dir()
     calibration_store.load_estimator(source, quick=True)  # calibrate once if there is none
     with tempfile.TemporaryDirectory(prefix="daop-idle-") as tmp:
         state = Path(tmp) / "state"

@@ -97,8 +97,9 @@ def main() -> None:
     args = ap.parse_args()
     m = zoo.BY_NAME[args.model]
     path = str(m.path())
-    est = Estimator.load(args.state_dir) if args.state_dir else Estimator.load(
-        __import__("agent.calibration_store", fromlist=["x"]).default_state_dir())
+    from agent.config import default_state_dir
+
+    est = Estimator.load(args.state_dir or default_state_dir())
     cm: CostModel = est.models["cpu"]
     events, wall = profile(path, m.inputs)
     by_name: dict[str, list[float]] = collections.defaultdict(list)

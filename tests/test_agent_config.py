@@ -36,7 +36,7 @@ def test_state_directory_from_systemd(monkeypatch):
 
 
 def test_the_agent_and_estimate_share_the_xdg_state_home(monkeypatch, tmp_path):
-    from agent.calibration_store import default_state_dir
+    from agent.config import default_state_dir
 
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))

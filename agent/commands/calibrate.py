@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from agent import calibration_store
+from agent.config import default_state_dir
 from agent.progress import ProgressBar
 
 HELP = "Calibrate the cost model with micro-benchmarks on this device (saved in the state dir)."
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    state_dir = args.state_dir or calibration_store.default_state_dir()
+    state_dir = args.state_dir or default_state_dir()
     devices = ["cpu"]
     if args.device == "gpu":
         devices = ["gpu"]

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from agent import calibration_store
+from agent.config import default_state_dir
 from agent.progress import ProgressBar
 from monitors.importer import load_graph, parse_input_spec
 
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     inputs = dict(parse_input_spec(text) for text in args.input)
     graph = load_graph(args.model, inputs=inputs)
-    state_dir = args.state_dir or calibration_store.default_state_dir()
+    state_dir = args.state_dir or default_state_dir()
     estimator = calibration_store.load_estimator(state_dir, device=args.device, quick=True,
                                                  progress=ProgressBar("calibrating"))
     speed = None if args.at_rest else _present_speed()

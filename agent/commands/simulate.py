@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent import calibration_store
+    from agent.config import default_state_dir
     from agent.simulation import format_record, load_scenario, run_scenario
 
     scenario = load_scenario(args.scenario)  # a malformed file: BadInput, exit 2
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record) if args.json else format_record(record), flush=True)
 
-    state_dir = args.state_dir or calibration_store.default_state_dir()
+    state_dir = args.state_dir or default_state_dir()
     outcome = asyncio.run(run_scenario(scenario, emit=emit, broker=args.broker, speed=args.speed,
                                        calibration_from=state_dir))
     return 0 if outcome.passed else 1
