@@ -6,7 +6,6 @@ import logging
 import os
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from monitors.calibration import Calibration
@@ -72,11 +71,7 @@ def run_calibration(state_dir: str | os.PathLike, device: str = "cpu", quick: bo
 
     if device == "gpu" and not gpu_available():
         raise BadInput("no GPU: onnxruntime's CUDA execution provider is not available on this device")
-    from probes import refresh
-
-    cal = microbench.calibrate(quick=quick, device=device, progress=progress)
-    # The warm refresh's probe, timed right after: the reference that present speed is measured against.
-    cal = replace(cal, refresh_reference=dict(refresh.reference()))
+    cal = microbench.calibrate(quick=quick, device=device, progress=progress)  # with the warm refresh's reference
     save(state_dir, cal)
     return cal
 

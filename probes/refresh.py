@@ -35,13 +35,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
 CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
 MIN_RUNS = 3
-REFERENCE_RUNS = 3  # the reference keeps the fastest of this many refreshes (the quiet device)
+REFERENCE_RUNS = 3  # the reference keeps the fastest of this many refreshes (the quiet device), and of earlier ones
 LOCKSTEP_KEY = "lockstep_s"  # wall seconds per run of the probe, mean over the window
 THREADS_KEY = "threads"
 CORES_KEY = "cores"
@@ -126,9 +127,12 @@ class WarmRefresh:
             self.last_runs = runs
             return {LOCKSTEP_KEY: wall / runs, THREADS_KEY: float(self.threads), CORES_KEY: float(self.cores)}
 
-    def reference(self) -> dict[str, float]:
-        """The quiet device: the fastest of REFERENCE_RUNS refreshes (interference only ever adds time)."""
-        return min((self.measure() for _ in range(REFERENCE_RUNS)), key=lambda m: m[LOCKSTEP_KEY])
+    def reference(self, earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
+        """The quiet device: the fastest of REFERENCE_RUNS refreshes now and of `earlier` ones
+        (interference only ever adds time)."""
+        readings = [m for m in earlier if m.get(LOCKSTEP_KEY)]
+        readings += [self.measure() for _ in range(REFERENCE_RUNS)]
+        return min(readings, key=lambda m: m[LOCKSTEP_KEY])
 
 
 _default: WarmRefresh | None = None
@@ -148,9 +152,10 @@ def measure() -> dict[str, float]:
     return _instance().measure()
 
 
-def reference() -> dict[str, float]:
-    """The reference measurement, to be taken right after cold calibration."""
-    return _instance().reference()
+def reference(earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
+    """The reference measurement, taken right after cold calibration; `earlier`: refreshes taken during
+    it, in each of its passes (probes/microbench.py), of which it keeps the fastest too."""
+    return _instance().reference(earlier)
 
 
 def slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:

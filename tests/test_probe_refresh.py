@@ -53,6 +53,37 @@ def test_reference_keeps_the_fastest_refresh():
     assert Scripted(threads=1).reference()[LOCKSTEP_KEY] == 1e-3
 
 
+def test_reference_keeps_an_earlier_faster_refresh_and_skips_old_format_ones():
+    """Refreshes taken during calibration (a host's fast phase) count; readings of an older probe do not."""
+    readings = iter([3e-3, 2e-3, 2.5e-3])
+
+    class Scripted(WarmRefresh):
+        def measure(self):
+            return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
+
+    earlier = [{LOCKSTEP_KEY: 4e-3}, {LOCKSTEP_KEY: 1.5e-3, "threads": 2.0}, {"share": 0.1}]
+    assert Scripted(threads=1).reference(earlier) == {LOCKSTEP_KEY: 1.5e-3, "threads": 2.0}
+    readings = iter([3e-3, 2e-3, 2.5e-3])
+    assert Scripted(threads=1).reference([{LOCKSTEP_KEY: 4e-3}])[LOCKSTEP_KEY] == 2e-3
+
+
+def test_a_real_quick_calibration_reads_the_probe_in_its_pass_and_keeps_the_fastest(monkeypatch):
+    """The reference describes the same quiet device as the tables: read in the pass too, not only after."""
+    from probes import microbench
+
+    readings = iter([1e-3, 3e-3, 2e-3, 2.5e-3])  # the pass's reading first, then the three after it
+    calls = []
+
+    def scripted(self):
+        calls.append(time.perf_counter())
+        return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
+
+    monkeypatch.setattr(WarmRefresh, "measure", scripted)
+    cal = microbench.calibrate(quick=True)
+    assert len(calls) == 4
+    assert cal.refresh_reference[LOCKSTEP_KEY] == 1e-3
+
+
 def test_real_busy_processes_slow_the_probe_down():
     """As many real busy processes as cores: each probe thread gets about half a core, and waits for the other."""
     warm = WarmRefresh()
