@@ -35,7 +35,7 @@ class Calibration:
     quick: bool = False
     seconds: float = 0.0  # how long calibrating took
     created: float = 0.0  # unix time
-    refresh_reference: dict[str, float] = field(default_factory=dict)  # warm-refresh probe times right after
+    refresh_reference: dict[str, float] = field(default_factory=dict)  # warm-refresh probe: fastest during and right after
     stream_bytes_per_s: float = 0.0  # weights read from memory when they cannot stay cached (0: unmeasured)
     cache_bytes: int = 0  # the cache weights stay in between inferences, as measured (0: unmeasured)
     read_rates: tuple[tuple[int, float], ...] = ()  # (working set bytes, bytes/s read cyclically over it)
