@@ -72,11 +72,15 @@ def take(reading: Reading[T], key: str, stale: dict[str, float]) -> T | None:
     return reading.value
 
 
+INT_LIMIT = 2**64  # the kernel writes at most 64-bit integers; anything wider is garbage (and overflows a float)
+
+
 def parse_int(text: str) -> int | None:
     try:
-        return int(text.strip())
+        value = int(text.strip())
     except ValueError:
         return None
+    return value if -INT_LIMIT < value < INT_LIMIT else None
 
 
 def parse_float(text: str) -> float | None:

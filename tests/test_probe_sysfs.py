@@ -128,6 +128,8 @@ def test_fixture_tree_listdir_natural_order_and_missing_dir(tmp_path):
 
 def test_parsers_reject_garbage():
     assert parse_int(" 42\n") == 42 and parse_int("4 2") is None and parse_int("") is None
+    assert parse_int(str(2**64 - 1)) == 2**64 - 1 and parse_int(str(-(2**63))) == -(2**63)
+    assert parse_int("9" * 400) is None and parse_int(str(2**64)) is None  # wider than the kernel writes
     assert parse_float("nan") is None and parse_float("inf") is None and parse_float("1.5") == 1.5
     assert parse_word("low-power\n") == "low-power" and parse_word("\x00\x01") is None and parse_word("x" * 100) is None
 

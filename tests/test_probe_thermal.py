@@ -96,6 +96,18 @@ def test_laptop_fixture_tree_implausible_temperature_is_last_good(tmp_path):
     assert "thermal.zones.thermal_zone1.temp_c" in state.stale
 
 
+def test_laptop_fixture_tree_integer_wider_than_64_bits_is_last_good_not_a_crash(tmp_path):
+    """Found by the vandalising property test: 400 nines overflowed the float conversion."""
+    tree = laptop(tmp_path)
+    p = probe(tree)
+    p.sample()
+    tree.set("class/thermal/thermal_zone1/temp", "9" * 400)
+    state = p.sample()
+    zone = next(z for z in state.zones if z.name == "thermal_zone1")
+    assert zone.temp_c == 71.5
+    assert "thermal.zones.thermal_zone1.temp_c" in state.stale
+
+
 def test_laptop_fixture_tree_zone_vanishing_midway(tmp_path):
     tree = laptop(tmp_path)
     p = probe(tree)
