@@ -72,15 +72,15 @@ def test_a_real_quick_calibration_reads_the_probe_in_its_pass_and_keeps_the_fast
     from probes import microbench
 
     readings = iter([1e-3, 3e-3, 2e-3, 2.5e-3])  # the pass's reading first, then the three after it
-    calls = []
+    given = []
 
     def scripted(self):
-        calls.append(time.perf_counter())
-        return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
+        given.append(next(readings))
+        return {LOCKSTEP_KEY: given[-1], "threads": 2.0, "cores": 2.0}
 
     monkeypatch.setattr(WarmRefresh, "measure", scripted)
     cal = microbench.calibrate(quick=True)
-    assert len(calls) == 4
+    assert len(given) == 4
     assert cal.refresh_reference[LOCKSTEP_KEY] == 1e-3
 
 
