@@ -37,11 +37,14 @@ import time
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agent.store import MONITOR_ID_RE
 from monitors.errors import BadInput
 from monitors.tiers import TIER_NAMES
+
+if TYPE_CHECKING:  # onnxruntime is loaded only when a scenario runs
+    from probes.refresh import WarmRefresh
 
 
 PROFILES = ("laptop", "desktop", "server", "vm")
@@ -613,12 +616,10 @@ class SimulatedRefresh:
     seconds and follow a timeline compressed into tens of seconds.
     """
 
-    def __init__(self, device: SimulatedDevice, reference: dict[str, float]) -> None:
-        from probes.refresh import WarmRefresh
-
+    def __init__(self, device: SimulatedDevice, reference: dict[str, float], bench: WarmRefresh | None = None) -> None:
         self.device = device
         self.reference = reference
-        self.bench = WarmRefresh(cpu_budget_s=0.03, max_wall_s=0.25)
+        self.bench = bench or simulated_probe()
 
     def measure(self) -> dict[str, float]:
         from monitors.speed import contention_factor
@@ -683,18 +684,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare_state_dir(state_dir: Path, calibration_from: Path, announce: Any = sys.stderr) -> dict[str, float]:
-    """The agent's private state dir: the CPU calibration of this host, with a reference refresh taken now,
-    which is returned (the simulated device at rest, see SimulatedRefresh)."""
-    from agent import calibration_store
+def simulated_probe() -> WarmRefresh:
+    """The simulated device's refresh probe (smaller than the agent's: see SimulatedRefresh)."""
     from probes.refresh import WarmRefresh
+
+    return WarmRefresh(cpu_budget_s=0.03, max_wall_s=0.25)
+
+
+def prepare_state_dir(state_dir: Path, calibration_from: Path, bench: WarmRefresh,
+                      announce: Any = sys.stderr) -> dict[str, float]:
+    """The agent's private state dir: the CPU calibration of this host, with a reference refresh taken now
+    by `bench`, which is returned (the simulated device at rest, see SimulatedRefresh)."""
+    from agent import calibration_store
 
     cal = calibration_store.load(calibration_from, "cpu")
     if cal is None:
         if announce is not None:
             print(f"daop-agent: no CPU calibration in {calibration_from}: calibrating now (quick)...", file=announce)
         cal = calibration_store.run_calibration(calibration_from, "cpu", quick=True)
-    reference = WarmRefresh(cpu_budget_s=0.03, max_wall_s=0.25).reference()
+    reference = bench.reference()
     calibration_store.save(state_dir, replace(cal, refresh_reference=reference))
     return reference
 
@@ -723,7 +731,8 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
             device.apply(scenario.initial)
             state_dir = tmp / "state"
             state_dir.mkdir(mode=0o700)
-            reference = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from)
+            bench = await asyncio.to_thread(simulated_probe)
+            reference = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from, bench)
             if broker is None:
                 private = LocalBroker(tmp, _free_port())
                 private.start()
@@ -736,7 +745,7 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
                                             "sysfs_root": str(device.sys), "procfs_root": str(device.proc),
                                             "sample_interval_s": scenario.sample_interval_s,
                                             "calibration": "quick"})
-            refresh = SimulatedRefresh(device, reference)
+            refresh = SimulatedRefresh(device, reference, bench)
             agent = Agent(cfg, sampler=device.sampler(), measure=refresh.measure)
             agent_task = asyncio.get_running_loop().create_task(agent.run())
             deadline = time.monotonic() + 120

@@ -30,6 +30,9 @@ from monitors.kernels import Kernel
 from monitors.planner import SECOND_PASS_ACTIVATIONS, memory_family
 
 
+_LONGEST_FIRST = sorted(SECOND_PASS_ACTIVATIONS, key=len, reverse=True)  # "HardSigmoid" before "Sigmoid"
+
+
 def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: float,
               out_bytes: float, name: str = "") -> Kernel | None:
     """The cost-model kernel for one profiled onnxruntime kernel."""
@@ -41,7 +44,7 @@ def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: 
         # The profile does not list a fused activation; a blocked kernel is named after its final output,
         # as in ".../Clip_output_0_nchwc", and all but Relu cost a pass over the output (planner.py).
         last = name.rsplit("/", 1)[-1]
-        act = next((a for a in sorted(SECOND_PASS_ACTIVATIONS, key=len, reverse=True) if a in last), None)
+        act = next((a for a in _LONGEST_FIRST if a in last), None)
         epilogue = None
         if act and "_nchwc" in last:
             epilogue = Kernel(memory_family(act), (2 * out_bytes,), 2 * out_bytes, act)

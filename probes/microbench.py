@@ -503,7 +503,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     chains: list[tuple[float, float]] = []
     # The warm refresh's reference is read in each pass too and keeps its fastest, as the points do: it must
     # describe the same quiet device as the tables, and a host's slow phase can outlast three refreshes in a row.
-    readings: list[dict[str, float]] = []
+    refreshes: list[dict[str, float]] = []
     for _ in range(passes):
         for grid, pts in plan:
             for batch, times in measure(grid, pts):
@@ -515,7 +515,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             sweeps.append(measure_memory(reported_cache))
-            readings.append(refresh.measure())
+            refreshes.append(refresh.measure())
         done += 1 / passes
         if progress:
             progress("overhead", round(done), total)
@@ -538,7 +538,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         quick=quick,
         seconds=time.perf_counter() - started,
         created=time.time(),
-        refresh_reference=dict(refresh.reference(readings)),
+        refresh_reference=refresh.reference(refreshes),
         stream_bytes_per_s=memory.stream_bytes_per_s,
         cache_bytes=memory.cache_bytes,
         read_rates=memory.rates,
