@@ -1,0 +1,168 @@
+"""How a shared host's slow phase slows each model: by its activation bytes, not in proportion to its time.
+
+On some virtual machines onnxruntime's default session runs at two speeds
+with nothing else running, switching every few seconds
+(docs/device-state.md, "Known limits"). This benchmark times every model
+in short windows, one after the other, for `--seconds`; splits the windows
+into the fast phase and the slow one by how much slower than its fastest
+window each model ran in it (geometric mean over the models); and prints,
+per model, the extra time in the slow phase against the bytes its kernels
+write (the cost model's plan; `written_bytes`).
+
+If the extra time per MB written is about the same for every model while
+the ratio slow/fast is not, the slow phase adds time per activation byte
+(handing data between the intra-op threads' cores), and no single
+multiplier can describe it: that is the finding this script reproduces.
+The last columns say how well each view fits: the extra predicted as the
+median ms per MB times the model's bytes, against the median ratio times
+its fast-phase latency.
+
+    python -m bench.slow_phase --state-dir DIR             # 12 models, 300 s
+    python -m bench.slow_phase --models squeezenet,shufflenet --seconds 60
+
+A machine without phases prints that it found none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from monitors.kernels import Kernel  # noqa: E402
+
+DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "mobilenetv2-w0.5-b1-224x224", "resnet18-b1-224x224",
+                  "bert-mini-b1-s128", "bert-tiny-b1-s128", "mlp-1024x4-b32", "efficientnet-b0-b1-224x224",
+                  "shufflenet", "deeplab-lite-b1-256x144", "unet-b1-256x144", "vit-tiny-b1")
+# A window is fast when the models ran at most FAST_BELOW times their fastest window (geometric mean), slow
+# from SLOW_ABOVE; windows between the two straddle a switch of phase and are left out.
+FAST_BELOW = 1.15
+SLOW_ABOVE = 1.35
+FLOAT_BYTES = 4
+
+
+def written_bytes(kernel: Kernel) -> float:
+    """The activation bytes a kernel writes, which the next kernel reads (float32)."""
+    p, family = kernel.params, kernel.family
+    if family in ("conv", "conv1x1", "gemm"):  # (M, K, N): an M x N output
+        elements = p[0] * p[2]
+    elif family == "dwconv":  # (C, M, taps)
+        elements = p[0] * p[1]
+    elif family == "bmm":  # (B, M, K, N)
+        elements = p[0] * p[1] * p[3]
+    elif family == "view":  # a relabelling, or a copy the plan prices as movement
+        return 0.0
+    else:  # memory-bound: work = bytes read + written; count half as written
+        return kernel.work / 2 * kernel.repeat
+    return elements * FLOAT_BYTES * kernel.repeat
+
+
+@dataclass
+class PhaseRow:
+    model: str
+    mbytes: float  # MB written per inference
+    fast_ms: float
+    slow_ms: float
+
+    @property
+    def extra_ms_per_mb(self) -> float:
+        return (self.slow_ms - self.fast_ms) / self.mbytes if self.mbytes else math.nan
+
+
+def split_phases(windows: list[dict[str, float]]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """The fast and the slow windows, by each window's geometric-mean ratio to every model's fastest."""
+    if not windows:
+        return [], []
+    fastest = {m: min(w[m] for w in windows) for m in windows[0]}
+    fast, slow = [], []
+    for w in windows:
+        ratio = math.exp(statistics.fmean(math.log(w[m] / fastest[m]) for m in w))
+        if ratio <= FAST_BELOW:
+            fast.append(w)
+        elif ratio >= SLOW_ABOVE:
+            slow.append(w)
+    return fast, slow
+
+
+def phase_rows(windows: list[dict[str, float]], mbytes: dict[str, float]) -> list[PhaseRow]:
+    """Per model, the median latency in each phase; empty when either phase has no window."""
+    fast, slow = split_phases(windows)
+    if not fast or not slow:
+        return []
+    return [PhaseRow(m, mbytes[m], statistics.median(w[m] for w in fast), statistics.median(w[m] for w in slow))
+            for m in mbytes]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
+    parser.add_argument("--seconds", type=float, default=300.0, help="how long to sample, in all")
+    parser.add_argument("--window", type=float, default=0.25, help="seconds each model is timed per window")
+    parser.add_argument("--state-dir", type=Path, required=True, help="a calibration (for the plans' bytes)")
+    args = parser.parse_args()
+
+    import onnxruntime as ort
+
+    from bench import zoo
+    from bench.groundtruth import _feeds
+    from monitors.estimator import Estimator
+    from monitors.importer import load_graph
+
+    estimator = Estimator.load(args.state_dir, device="cpu")
+    sessions, mbytes = {}, {}
+    for name in args.models.split(","):
+        model = zoo.BY_NAME[name]
+        plan = estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")
+        mbytes[name] = sum(written_bytes(k) for k in plan.kernels) / 1e6
+        session = ort.InferenceSession(str(model.path()), providers=["CPUExecutionProvider"])
+        feeds = _feeds(session, {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()})
+        session.run(None, feeds)
+        sessions[name] = (session, feeds)
+
+    windows: list[dict[str, float]] = []
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        window = {}
+        for name, (session, feeds) in sessions.items():
+            times = []
+            stop = time.perf_counter() + args.window
+            while time.perf_counter() < stop or len(times) < 3:
+                t = time.perf_counter()
+                session.run(None, feeds)
+                times.append(time.perf_counter() - t)
+            window[name] = 1000.0 * statistics.median(times)
+        windows.append(window)
+
+    fast, slow = split_phases(windows)
+    print(f"{len(windows)} windows: {len(fast)} fast, {len(slow)} slow, {len(windows) - len(fast) - len(slow)} between")
+    rows = phase_rows(windows, mbytes)
+    if not rows:
+        print("no two phases found: nothing to compare")
+        return 0
+    per_mb = statistics.median(r.extra_ms_per_mb for r in rows if r.mbytes)
+    ratio = statistics.median(r.slow_ms / r.fast_ms for r in rows)
+    print(f"{'model':28s} {'MB':>7s} {'fast ms':>8s} {'slow ms':>8s} {'ratio':>6s} {'ms/MB':>6s} "
+          f"{'err +bytes':>10s} {'err xratio':>10s}")
+    for r in rows:
+        by_bytes = (r.fast_ms + per_mb * r.mbytes) / r.slow_ms - 1
+        by_ratio = r.fast_ms * ratio / r.slow_ms - 1
+        print(f"{r.model:28s} {r.mbytes:7.2f} {r.fast_ms:8.2f} {r.slow_ms:8.2f} {r.slow_ms / r.fast_ms:6.2f} "
+              f"{r.extra_ms_per_mb:6.3f} {by_bytes:+10.0%} {by_ratio:+10.0%}")
+    print(f"median extra {per_mb:.3f} ms per MB written; median ratio {ratio:.2f}")
+    for label, errors in (("fast + median ms/MB x bytes", [(r.fast_ms + per_mb * r.mbytes) / r.slow_ms - 1 for r in rows]),
+                          ("fast x median ratio", [r.fast_ms * ratio / r.slow_ms - 1 for r in rows])):
+        within = sum(abs(e) <= 0.25 for e in errors)
+        print(f"slow phase as {label:28s}: {within}/{len(rows)} within +/-25%, "
+              f"median |error| {statistics.median(abs(e) for e in errors):.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
