@@ -111,7 +111,7 @@ def main() -> int:
     import onnxruntime as ort
 
     from bench import zoo
-    from bench.groundtruth import _feeds
+    from bench.groundtruth import _feeds, _plain_inputs
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
 
@@ -122,7 +122,7 @@ def main() -> int:
         plan = estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")
         mbytes[name] = sum(written_bytes(k) for k in plan.kernels) / 1e6
         session = ort.InferenceSession(str(model.path()), providers=["CPUExecutionProvider"])
-        feeds = _feeds(session, {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()})
+        feeds = _feeds(session, _plain_inputs(model.inputs))
         session.run(None, feeds)
         sessions[name] = (session, feeds)
 
@@ -148,16 +148,15 @@ def main() -> int:
         return 0
     per_mb = statistics.median(r.extra_ms_per_mb for r in rows if r.mbytes)
     ratio = statistics.median(r.slow_ms / r.fast_ms for r in rows)
+    by_bytes = [(r.fast_ms + per_mb * r.mbytes) / r.slow_ms - 1 for r in rows]
+    by_ratio = [r.fast_ms * ratio / r.slow_ms - 1 for r in rows]
     print(f"{'model':28s} {'MB':>7s} {'fast ms':>8s} {'slow ms':>8s} {'ratio':>6s} {'ms/MB':>6s} "
           f"{'err +bytes':>10s} {'err xratio':>10s}")
-    for r in rows:
-        by_bytes = (r.fast_ms + per_mb * r.mbytes) / r.slow_ms - 1
-        by_ratio = r.fast_ms * ratio / r.slow_ms - 1
+    for r, err_bytes, err_ratio in zip(rows, by_bytes, by_ratio):
         print(f"{r.model:28s} {r.mbytes:7.2f} {r.fast_ms:8.2f} {r.slow_ms:8.2f} {r.slow_ms / r.fast_ms:6.2f} "
-              f"{r.extra_ms_per_mb:6.3f} {by_bytes:+10.0%} {by_ratio:+10.0%}")
+              f"{r.extra_ms_per_mb:6.3f} {err_bytes:+10.0%} {err_ratio:+10.0%}")
     print(f"median extra {per_mb:.3f} ms per MB written; median ratio {ratio:.2f}")
-    for label, errors in (("fast + median ms/MB x bytes", [(r.fast_ms + per_mb * r.mbytes) / r.slow_ms - 1 for r in rows]),
-                          ("fast x median ratio", [r.fast_ms * ratio / r.slow_ms - 1 for r in rows])):
+    for label, errors in (("fast + median ms/MB x bytes", by_bytes), ("fast x median ratio", by_ratio)):
         within = sum(abs(e) <= 0.25 for e in errors)
         print(f"slow phase as {label:28s}: {within}/{len(rows)} within +/-25%, "
               f"median |error| {statistics.median(abs(e) for e in errors):.0%}")
