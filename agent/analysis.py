@@ -34,6 +34,7 @@ class Analysis:
     plans: dict[str, str]       # device -> Plan.to_json(): what a monitor keeps on disk
     base_ms: dict[str, float]   # device -> calibrated latency on the quiet device
     memory_bytes: int           # weights + peak activations: must fit in a GPU's free memory
+    written_mb: float = 0.0     # activations the CPU plan writes per inference (the handoff extra's bytes)
 
 
 class EngineError(Exception):
@@ -56,13 +57,15 @@ def _analyse(fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits
     from monitors.importer import load_graph
 
     graph = load_graph(source, fmt=fmt, inputs=inputs or None, limits=limits)
-    plans, base, memory = {}, {}, 0
+    plans, base, memory, written = {}, {}, 0, 0.0
     for device in _ESTIMATOR.devices:
         plan = _ESTIMATOR.plan(graph, device)
         plans[device] = plan.to_json()
         base[device] = float(_ESTIMATOR.base_latency_ms(plan, device))
         memory = max(memory, int(plan.memory_bytes))
-    return Analysis(plans, base, memory)
+        if device == "cpu":
+            written = plan.written_mb
+    return Analysis(plans, base, memory, written)
 
 
 def _rebase(plans: list[dict[str, str]]) -> list[dict[str, float]]:

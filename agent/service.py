@@ -97,10 +97,13 @@ class Agent:
         self._refresh_policy: Any = None
         self._measured: float | None = None
         self._measured_predicted: float | None = None  # the prediction when _measured was taken
+        self._handoff: float | None = None  # the latest warm refresh's handoff extra, ms per MB written
         self._refresh_busy = False  # a warm refresh is due, running, or its measurement not yet taken
-        self._pending_measurement: tuple[float | None, float, float] | None = None  # slowdown, at, CPU s
+        # slowdown, handoff extra, at, CPU s
+        self._pending_measurement: tuple[float | None, float | None, float, float] | None = None
         self._cores = default_threads()  # onnxruntime's intra-op threads
         self._factors = np.array([1.0, math.inf])
+        self._handoffs = np.zeros(2)  # ms per MB written, by device (the GPU's: none measured)
         self._gpu_free: float | None = None
         self._veto: str | None = None
         self._state_seen = asyncio.Event()
@@ -149,7 +152,7 @@ class Agent:
         for m in monitors:
             self.records[m.monitor] = m
             self.table.add(m.monitor, m.base_ms[m.device], m.device, bound_ms(m.required_tier), m.meets, m.seq,
-                           m.memory_bytes)
+                           m.memory_bytes, m.written_mb)
         self.table.last_seq = max(self.table.last_seq, last_seq)
         if monitors:
             log.info("loaded %d monitor(s) from %s", len(monitors), self.store.folder)
@@ -229,7 +232,7 @@ class Agent:
             return
         if redone:
             log.info("full calibration ready (%s): monitors re-priced", ", ".join(redone))
-            self._measured = None  # measured against the quick calibration's reference
+            self._measured = self._handoff = None  # measured against the quick calibration's reference
             await self._start_refresh()
             await self._rebase_all()
 
@@ -268,7 +271,7 @@ class Agent:
 
     async def _refresh_task(self) -> None:
         """Warm refresh when RefreshPolicy says so, beside sampling (a refresh under load is slow)."""
-        from probes.refresh import slowdown
+        from probes.refresh import handoff_ms_per_mb, slowdown
 
         while True:
             await self._refresh_due.wait()
@@ -286,7 +289,8 @@ class Agent:
                 policy.refreshed(state, started, 0.05)
                 self._refresh_busy = False
                 continue
-            self._pending_measurement = (slowdown(result, self._reference or {}), started,
+            reference = self._reference or {}
+            self._pending_measurement = (slowdown(result, reference), handoff_ms_per_mb(result, reference), started,
                                          time.process_time() - cpu0)
 
     # -- sampling and evaluation ----------------------------------------------------------
@@ -319,7 +323,8 @@ class Agent:
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, interval - elapsed))
 
-    def _take_measurement(self, state: Any, measured: float | None, at: float, cpu_s: float) -> None:
+    def _take_measurement(self, state: Any, measured: float | None, handoff: float | None, at: float,
+                          cpu_s: float) -> None:
         """A warm refresh's slowdown, paired with the first sample taken after it: that sample's
         interval holds the refresh, so both describe the same load (the sample before it may
         predate a load that had just started or stopped)."""
@@ -328,7 +333,7 @@ class Agent:
         self._pending_measurement = None
         self._refresh_busy = False
         self._refresh_policy.refreshed(state, at, cpu_s)
-        self._measured = measured
+        self._measured, self._handoff = measured, handoff
         self._measured_predicted = predict_cpu(state, self._cores)[0]
 
     async def _tick_task(self) -> None:
@@ -351,22 +356,24 @@ class Agent:
             return
         current = bool(self._refresh_policy and self._refresh_policy.measurement_current())
         speed = speed_from_state(state, self._measured, self._cores, measured_current=current,
-                                 predicted_then=self._measured_predicted)
+                                 predicted_then=self._measured_predicted, handoff_ms_per_mb=self._handoff)
         self._factors = np.array([speed.cpu, math.inf if speed.gpu is None else speed.gpu])
+        self._handoffs = np.array([speed.handoff_ms_per_mb, 0.0])
         self._gpu_free = speed.gpu_free_bytes
         if speed.reasons != self._reasons:
             self._reasons = speed.reasons
             log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
         self._state_seen.set()
 
-    def present_latency(self, base_ms: dict[str, float], memory_bytes: int) -> tuple[float, str]:
-        """The fastest device's latency now, and that device."""
+    def present_latency(self, base_ms: dict[str, float], memory_bytes: int,
+                        written_mb: float = 0.0) -> tuple[float, str]:
+        """The fastest device's latency now, and that device (as MonitorTable.latencies prices it)."""
         best, best_device = math.inf, "cpu"
         for device, base in base_ms.items():
             factor = float(self._factors[DEVICE_INDEX[device]])
             if device == "gpu" and self._gpu_free is not None and memory_bytes > self._gpu_free:
                 factor = math.inf
-            latency = base * factor
+            latency = base * factor + written_mb * float(self._handoffs[DEVICE_INDEX[device]])
             if latency < best or (device == "cpu" and not math.isfinite(best)):
                 best, best_device = latency, device
         return best, best_device
@@ -379,7 +386,8 @@ class Agent:
 
     async def evaluate_once(self) -> int:
         async with self._mutate:
-            changes = self.table.evaluate(time.monotonic(), self._factors, self._veto is not None, self._gpu_free)
+            changes = self.table.evaluate(time.monotonic(), self._factors, self._veto is not None, self._gpu_free,
+                                          self._handoffs)
             if not changes:
                 return 0
             for c in changes:
@@ -568,11 +576,11 @@ class Agent:
         method = request.method
         if method == "estimate":
             analysis = await self._analysis(request)
-            latency, _ = self.present_latency(analysis.base_ms, analysis.memory_bytes)
+            latency, _ = self.present_latency(analysis.base_ms, analysis.memory_bytes, analysis.written_mb)
             return {"performanceTier": tier_for(latency)}
         if method == "meets":
             analysis = await self._analysis(request)
-            latency, _ = self.present_latency(analysis.base_ms, analysis.memory_bytes)
+            latency, _ = self.present_latency(analysis.base_ms, analysis.memory_bytes, analysis.written_mb)
             assert request.required_tier is not None
             return {"meetsRequirement": initial_meets(latency, bound_ms(request.required_tier), self._veto is not None)}
         if method == "monitors/create":
@@ -597,7 +605,7 @@ class Agent:
         bound = bound_ms(request.required_tier)
         async with self._mutate:
             self._check_room(monitor)
-            latency, device = self.present_latency(analysis.base_ms, analysis.memory_bytes)
+            latency, device = self.present_latency(analysis.base_ms, analysis.memory_bytes, analysis.written_mb)
             meets = initial_meets(latency, bound, self._veto is not None)
             seq = self.table.next_seq()
             rec = StoredMonitor(monitor, request.required_tier, device, analysis.plans, analysis.base_ms,
@@ -606,7 +614,8 @@ class Agent:
             try:
                 await asyncio.to_thread(self.store.save_monitor, rec)
                 self.records[monitor] = rec
-                self.table.add(monitor, analysis.base_ms[device], device, bound, meets, seq, analysis.memory_bytes)
+                self.table.add(monitor, analysis.base_ms[device], device, bound, meets, seq, analysis.memory_bytes,
+                               analysis.written_mb)
                 await self._persist_seq()
             except OSError as exc:
                 self._forget(monitor)
@@ -614,7 +623,7 @@ class Agent:
                     self.records[monitor] = previous
                     self.table.add(monitor, previous.base_ms[previous.device], previous.device,
                                    bound_ms(previous.required_tier), previous.meets, previous.seq,
-                                   previous.memory_bytes)
+                                   previous.memory_bytes, previous.written_mb)
                     await asyncio.to_thread(self.store.save_monitor, previous)
                 else:
                     await asyncio.to_thread(self.store.delete_monitor, monitor)

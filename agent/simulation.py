@@ -604,8 +604,8 @@ class SimulatedRefresh:
 
     The real probe runs on the real CPU, so that a refresh costs real CPU
     time and the refresh policy's budget holds as on a device. What it
-    reports is the simulated device's reading: the reference's time per run
-    (the host at rest), times the simulated clock's slowdown (maximum /
+    reports is the simulated device's reading: each probe's reference time per
+    run (the host at rest), times the simulated clock's slowdown (maximum /
     limit) and the contention of the scenario's busy processes
     (monitors.speed.contention_factor). The host's other tenants are left
     out, as they are left out of the simulated /proc/stat, so that the run
@@ -623,11 +623,13 @@ class SimulatedRefresh:
 
     def measure(self) -> dict[str, float]:
         from monitors.speed import contention_factor
-        from probes.refresh import LOCKSTEP_KEY
+        from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY
 
         out = self.bench.measure()
         contention = contention_factor(self.bench.threads, self.device.load.running, self.device.cores)
-        out[LOCKSTEP_KEY] = self.reference[LOCKSTEP_KEY] * contention / self.device.clock_ratio
+        for key in (LOCKSTEP_KEY, HANDOFF_KEY):  # both probes alike: the simulated device hands data as calibrated
+            if key in self.reference:
+                out[key] = self.reference[key] * contention / self.device.clock_ratio
         return out
 
 

@@ -15,6 +15,7 @@ acknowledged is lost. A file that cannot be read is set aside as
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from monitors.kernels import Plan
 from monitors.monitor import DEVICES
 from monitors.tiers import TIER_NAMES
 
@@ -49,6 +51,15 @@ class StoredMonitor:
     seq: int
     meets: bool
     created_seq: int = -1      # the seq it was created with (set by MonitorStore.load; not stored)
+
+    @functools.cached_property
+    def written_mb(self) -> float:
+        """Activations its CPU plan writes per inference (the handoff extra's bytes), read off the stored plan;
+        0 for a plan this version cannot read (the monitor then goes without the extra)."""
+        try:
+            return Plan.from_json(self.plans["cpu"]).written_mb
+        except (KeyError, ValueError, TypeError):
+            return 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "monitor": self.monitor, "requiredTier": self.required_tier,

@@ -7,7 +7,7 @@ in short windows, one after the other, for `--seconds`; splits the windows
 into the fast phase and the slow one by how much slower than its fastest
 window each model ran in it (geometric mean over the models); and prints,
 per model, the extra time in the slow phase against the bytes its kernels
-write (the cost model's plan; `written_bytes`).
+write (the cost model's plan; `Plan.written_mb`).
 
 If the extra time per MB written is about the same for every model while
 the ratio slow/fast is not, the slow phase adds time per activation byte
@@ -36,7 +36,6 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitors.kernels import Kernel  # noqa: E402
 
 DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "mobilenetv2-w0.5-b1-224x224", "resnet18-b1-224x224",
                   "bert-mini-b1-s128", "bert-tiny-b1-s128", "mlp-1024x4-b32", "efficientnet-b0-b1-224x224",
@@ -45,23 +44,6 @@ DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "mobilenetv2-w0.5-b1-2
 # from SLOW_ABOVE; windows between the two straddle a switch of phase and are left out.
 FAST_BELOW = 1.15
 SLOW_ABOVE = 1.35
-FLOAT_BYTES = 4
-
-
-def written_bytes(kernel: Kernel) -> float:
-    """The activation bytes a kernel writes, which the next kernel reads (float32)."""
-    p, family = kernel.params, kernel.family
-    if family in ("conv", "conv1x1", "gemm"):  # (M, K, N): an M x N output
-        elements = p[0] * p[2]
-    elif family == "dwconv":  # (C, M, taps)
-        elements = p[0] * p[1]
-    elif family == "bmm":  # (B, M, K, N)
-        elements = p[0] * p[1] * p[3]
-    elif family == "view":  # a relabelling, or a copy the plan prices as movement
-        return 0.0
-    else:  # memory-bound: work = bytes read + written; count half as written
-        return kernel.work / 2 * kernel.repeat
-    return elements * FLOAT_BYTES * kernel.repeat
 
 
 @dataclass
@@ -120,7 +102,7 @@ def main() -> int:
     for name in args.models.split(","):
         model = zoo.BY_NAME[name]
         plan = estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")
-        mbytes[name] = sum(written_bytes(k) for k in plan.kernels) / 1e6
+        mbytes[name] = plan.written_mb
         session = ort.InferenceSession(str(model.path()), providers=["CPUExecutionProvider"])
         feeds = _feeds(session, _plain_inputs(model.inputs))
         session.run(None, feeds)

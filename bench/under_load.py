@@ -6,9 +6,10 @@ the memory resident): start it; then per model, `--cycles` times: sample
 the device state over `--window` seconds as the agent does, run one warm
 refresh, combine them into a Speed (monitors/speed.py,
 measured_current=True), and have the app time the model for a while
-(onnxruntime default session, median of runs). The estimate (calibrated
-latency x speed.cpu) is compared with the real latency, each the geometric
-mean over the cycles, so that both see the same background.
+(onnxruntime default session, median of runs). The estimate (the
+estimator's, at that Speed: calibrated latency x speed.cpu + the MB the
+plan writes x the handoff extra) is compared with the real latency, each
+the geometric mean over the cycles, so that both see the same background.
 
 As in deployment, the app is its own process (a worker that holds every
 model's session): its inference is not the agent's, and its onnxruntime
@@ -16,7 +17,8 @@ threads, which spin for a while after each run, are not inside the process
 that measures. The state window and the refresh come after a short pause
 that lets them stop, and before the app's next run.
 
-Also printed: the predicted-only and measured-only views, and the slowdown
+Also printed: the predicted-only and measured-only views (each with the
+handoff extra, column H in ms per MB), and the slowdown
 error (estimated slowdown vs real slowdown against the no-extra-load run),
 which isolates the state->speed model from the static estimator's own error.
 
@@ -141,12 +143,12 @@ def main() -> int:
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
     from monitors.speed import speed_from_state
-    from probes.refresh import LOCKSTEP_KEY, measure, slowdown
+    from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, measure, slowdown
     from probes.state import Sampler
 
     state_dir = args.state_dir or Path(__file__).resolve().parent / ".cache" / "state"
     estimator = Estimator.load(state_dir, device="cpu") if (state_dir / "calibration-cpu.json").exists() else None
-    if estimator is None or LOCKSTEP_KEY not in estimator.calibrations["cpu"].refresh_reference:
+    if estimator is None or not {LOCKSTEP_KEY, HANDOFF_KEY} <= set(estimator.calibrations["cpu"].refresh_reference):
         # The warm-refresh reference must come from this version's probes, taken right after calibration.
         state_dir = Path(__file__).resolve().parent / ".cache" / "state-under-load"
         if not (state_dir / "calibration-cpu.json").exists():
@@ -156,17 +158,18 @@ def main() -> int:
     print(f"calibration: {state_dir}")
     reference = estimator.calibrations["cpu"].refresh_reference
     threads = psutil.cpu_count(logical=False) or 1
-    models = []
+    models = []  # (name, plan, calibrated latency at rest)
     for name in args.models.split(","):
         model = zoo.BY_NAME[name]
-        models.append((name, estimator.estimate(load_graph(model.path(), inputs=model.inputs), device="cpu").latency_ms))
+        plan = estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")
+        models.append((name, plan, estimator.estimate(plan, device="cpu").latency_ms))
     measure()  # create the refresh session before timing anything
-    app = App([name for name, _ in models])
+    app = App([name for name, _, _ in models])
 
     sampler = Sampler()
     rows = []
     quiet: dict[str, tuple[float, float]] = {}  # model -> (speed, real) of the "0" run
-    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'P':>5} {'M':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
+    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'P':>5} {'M':>5} {'H':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
           f"{'real ms':>8} {'err':>6} {'err P':>6} {'err M':>6} {'slowdown est/real':>18}")
     for load in args.loads.split(","):
         procs = start_load(load)
@@ -174,7 +177,7 @@ def main() -> int:
             time.sleep(0.5)
             sampler.sample()
             time.sleep(0.5)
-            for name, base in models:
+            for name, plan, base in models:
                 # Alternate state+measurement and real runs, so that both see the same background.
                 cycles: list[dict[str, float]] = []
                 for _ in range(args.cycles):
@@ -182,21 +185,28 @@ def main() -> int:
                     state = sampler.sample_over(args.window)  # as the agent samples
                     now = measure()
                     measured = slowdown(now, reference) if reference else None
-                    speed = speed_from_state(state, measured, threads, measured_current=True)
+                    handoff = handoff_ms_per_mb(now, reference) if reference else None
+                    speed = speed_from_state(state, measured, threads, measured_current=True,
+                                             handoff_ms_per_mb=handoff)
+                    extra = plan.written_mb * speed.handoff_ms_per_mb
                     cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
+                                   "H": speed.handoff_ms_per_mb,
+                                   "est": estimator.estimate(plan, device="cpu", speed=speed).latency_ms,
+                                   "est_p": base * speed.predicted_cpu + extra,
+                                   "est_m": base * (measured or float("nan")) + extra,
                                    "busy": state.cpu.others_busy_cores or 0.0, "runq": state.cpu.runnable_others or 0.0,
                                    "real": app.latency_ms(name, args.seconds / args.cycles)})
-                g = {k: geomean([c[k] for c in cycles]) if k in ("speed", "P", "M", "real")
-                     else statistics.fmean(c[k] for c in cycles) for k in cycles[0]}
-                real, est = g["real"], base * g["speed"]
+                g = {k: statistics.fmean(c[k] for c in cycles) if k in ("busy", "runq", "H")
+                     else geomean([c[k] for c in cycles]) for k in cycles[0]}
+                real, est = g["real"], g["est"]
                 if load == "0":
-                    quiet[name] = (g["speed"], real)
-                q_speed, q_real = quiet.get(name, (float("nan"), float("nan")))
-                est_slow, real_slow = g["speed"] / q_speed, real / q_real
-                row = {"load": load, "model": name, "err": est / real - 1, "err_p": base * g["P"] / real - 1,
-                       "err_m": base * g["M"] / real - 1, "slow_err": est_slow / real_slow - 1}
+                    quiet[name] = (est, real)
+                q_est, q_real = quiet.get(name, (float("nan"), float("nan")))
+                est_slow, real_slow = est / q_est, real / q_real
+                row = {"load": load, "model": name, "err": est / real - 1, "err_p": g["est_p"] / real - 1,
+                       "err_m": g["est_m"] / real - 1, "slow_err": est_slow / real_slow - 1}
                 rows.append(row)
-                print(f"{load:>5} {g['busy']:5.2f} {g['runq']:5.2f} {g['P']:5.2f} {g['M']:5.2f} "
+                print(f"{load:>5} {g['busy']:5.2f} {g['runq']:5.2f} {g['P']:5.2f} {g['M']:5.2f} {g['H']:5.3f} "
                       f"{g['speed']:5.2f}  {name:26s} {est:8.1f} {real:8.1f} {100 * row['err']:+5.0f}% "
                       f"{100 * row['err_p']:+5.0f}% {100 * row['err_m']:+5.0f}% {est_slow:8.2f}/{real_slow:<5.2f}",
                       flush=True)

@@ -62,13 +62,14 @@ class Estimator:
         return 1000.0 * self._model(device).seconds(plan)
 
     def estimate(self, graph: Graph | Plan, device: str = "auto", speed: "Speed | None" = None) -> Estimate:
-        """The estimate now: `speed` (from the device state) scales the calibrated latency."""
+        """The estimate now: `speed` (from the device state) scales the calibrated latency, and adds the handoff
+        extra for the bytes the plan writes (monitors/speed.py)."""
         candidates = self.devices if device == "auto" else (device,)
         best: Estimate | None = None
         for dev in candidates:
             model = self._model(dev)
             plan = graph if isinstance(graph, Plan) else self.plan(graph, dev)
-            latency = 1000.0 * model.seconds(plan) * _factor(speed, dev, plan)
+            latency = 1000.0 * model.seconds(plan) * _factor(speed, dev, plan) + _handoff_ms(speed, dev, plan)
             est = Estimate(latency, tier_for(latency), dev, len(plan.kernels))
             if best is None or est.latency_ms < best.latency_ms:
                 best = est
@@ -82,6 +83,10 @@ class Estimator:
         if model is None:
             raise BadInput(f"no calibration for device {device!r} on this machine")
         return model
+
+
+def _handoff_ms(speed: "Speed | None", device: str, plan: Plan) -> float:
+    return plan.written_mb * speed.handoff_ms_per_mb if speed is not None and device == "cpu" else 0.0
 
 
 def _factor(speed: "Speed | None", device: str, plan: Plan) -> float:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 COMPUTE_FAMILIES: tuple[str, ...] = ("conv", "conv1x1", "dwconv", "gemm", "bmm")
 MEMORY_FAMILIES: tuple[str, ...] = ("eltwise", "transcend", "movement", "reduce", "softmax", "norm", "pool")
 FAMILIES: tuple[str, ...] = COMPUTE_FAMILIES + MEMORY_FAMILIES + ("view",)
+FLOAT_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,23 @@ class Kernel:
         return cls(family, tuple(float(p) for p in params), float(work), str(op), int(repeat),
                    cls.from_json(epilogue[0]) if epilogue else None)
 
+    @property
+    def written_bytes(self) -> float:
+        """The activation bytes the kernel writes, which the next kernel reads (float32): what the intra-op
+        threads hand each other, and what a host whose vCPUs sit apart charges extra for (monitors/speed.py)."""
+        p, family = self.params, self.family
+        if family in ("conv", "conv1x1", "gemm"):  # (M, K, N): an M x N output
+            elements = p[0] * p[2]
+        elif family == "dwconv":  # (C, M, taps)
+            elements = p[0] * p[1]
+        elif family == "bmm":  # (B, M, K, N)
+            elements = p[0] * p[1] * p[3]
+        elif family == "view":  # a relabelling, or a copy the plan prices as movement
+            return 0.0
+        else:  # memory-bound: work = bytes read + written; count half as written
+            return self.work / 2 * self.repeat
+        return elements * FLOAT_BYTES * self.repeat
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -75,6 +93,11 @@ class Plan:
     @property
     def memory_bytes(self) -> int:
         return self.weight_bytes + self.peak_activation_bytes
+
+    @property
+    def written_mb(self) -> float:
+        """MB of activations the kernels of one inference write (Kernel.written_bytes)."""
+        return sum(k.written_bytes for k in self.kernels) / 1e6
 
     def to_json(self) -> str:
         return json.dumps(

@@ -2,8 +2,9 @@
 
 Pure computation over numpy arrays so that 10,000 monitors are re-evaluated in
 well under 10 ms per tick. A monitor's present latency is its calibrated base
-latency on its device times that device's present slow-down factor; it meets
-its requirement while that latency is under its tier's bound.
+latency on its device times that device's present slow-down factor, plus the
+MB its plan writes times the device's handoff extra (monitors/speed.py); it
+meets its requirement while that latency is under its tier's bound.
 
 Three rules keep noise near a boundary from flapping:
 
@@ -75,6 +76,7 @@ class MonitorTable:
             "_base": np.zeros(capacity, dtype=np.float64),
             "_device": np.zeros(capacity, dtype=np.int8),
             "_mem": np.zeros(capacity, dtype=np.float64),
+            "_written": np.zeros(capacity, dtype=np.float64),
             "_bound": np.zeros(capacity, dtype=np.float64),
             "_meets": np.zeros(capacity, dtype=bool),
             "_seq": np.zeros(capacity, dtype=np.int64),
@@ -98,7 +100,7 @@ class MonitorTable:
         return list(self._ids)
 
     def add(self, monitor: str, base_ms: float, device: str, bound_ms: float, meets: bool, seq: int,
-            memory_bytes: int = 0) -> None:
+            memory_bytes: int = 0, written_mb: float = 0.0) -> None:
         """Add (or replace) a monitor with its present value and sequence number."""
         if monitor in self._index:
             self.remove(monitor)
@@ -108,6 +110,7 @@ class MonitorTable:
         self._base[i] = base_ms
         self._device[i] = DEVICE_INDEX[device]
         self._mem[i] = memory_bytes
+        self._written[i] = written_mb
         self._bound[i] = bound_ms
         self._meets[i] = meets
         self._seq[i] = seq
@@ -123,7 +126,8 @@ class MonitorTable:
         i = self._index.pop(monitor)
         last = self._n - 1
         if i != last:
-            for name in ("_base", "_device", "_mem", "_bound", "_meets", "_seq", "_last_change", "_events", "_ring"):
+            for name in ("_base", "_device", "_mem", "_written", "_bound", "_meets", "_seq", "_last_change", "_events",
+                         "_ring"):
                 arr = getattr(self, name)
                 arr[i] = arr[last]
             moved = self._ids[last]
@@ -153,30 +157,36 @@ class MonitorTable:
 
     # -- evaluation ----------------------------------------------------------------
 
-    def latencies(self, factors: np.ndarray, gpu_free_bytes: float | None = None) -> np.ndarray:
-        """Present latency of every monitor: base latency times its device's factor.
+    def latencies(self, factors: np.ndarray, gpu_free_bytes: float | None = None,
+                  handoffs: np.ndarray | None = None) -> np.ndarray:
+        """Present latency of every monitor: base latency times its device's factor, plus the MB its plan
+        writes times its device's handoff extra (ms per MB).
 
         A GPU monitor whose weights and activations do not fit in the GPU's
         free memory cannot run there now: infinite latency.
         """
         n = self._n
-        lat = self._base[:n] * factors[self._device[:n]]
+        device = self._device[:n]
+        lat = self._base[:n] * factors[device]
+        if handoffs is not None:
+            lat += self._written[:n] * handoffs[device]
         if gpu_free_bytes is not None:
-            lat[(self._device[:n] == DEVICE_INDEX["gpu"]) & (self._mem[:n] > gpu_free_bytes)] = math.inf
+            lat[(device == DEVICE_INDEX["gpu"]) & (self._mem[:n] > gpu_free_bytes)] = math.inf
         return lat
 
     def evaluate(self, now: float, factors: np.ndarray, veto: bool = False,
-                 gpu_free_bytes: float | None = None) -> list[Change]:
+                 gpu_free_bytes: float | None = None, handoffs: np.ndarray | None = None) -> list[Change]:
         """Apply one tick; return the monitors that changed, with their new seq.
 
         `factors[d]` is device d's present slow-down (inf when the device is
-        unusable); `veto` forces meetsRequirement false (a user policy).
+        unusable), `handoffs[d]` its handoff extra in ms per MB written (none: 0);
+        `veto` forces meetsRequirement false (a user policy).
         """
         n = self._n
         if n == 0:
             return []
         r = self.rules
-        lat = self.latencies(factors, gpu_free_bytes)
+        lat = self.latencies(factors, gpu_free_bytes, handoffs)
         bound = self._bound[:n]
         meets = self._meets[:n]
         if veto:

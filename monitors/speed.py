@@ -13,6 +13,12 @@ measure one. How the two are combined (docs/device-state.md):
 * a measurement taken in the present state: blended in log space with the
   prediction (weight MEASURED_WEIGHT),
   because short probes are noisy under time slicing.
+
+Apart from that multiplier, the handoff extra: what a host whose vCPUs sit
+apart some of the time charges per MB of activations the intra-op threads
+hand each other (probes/refresh.py: handoff_ms_per_mb). It grows with a
+model's bytes, not its time, so an estimate adds it (monitors/estimator.py);
+no signal predicts it, so it is the latest measurement's, kept until the next.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ MIN_FACTOR = 0.8
 # on a quiet 2-core machine, real models under 1, 2 and 4 busy processes ran 1.55-1.65x slower than
 # the fair share (docs/device-state.md). The penalty grows with the threads that wait for the last one.
 LOCKSTEP = 1.2
+# The handoff extra: worth a reason from this much (a MobileNetV2 writes 27 MB), and capped (a slow phase
+# measured 0.06-0.2 ms/MB; a reading 10x that is a probe that lost the CPU, which the multiplier covers).
+NOTABLE_HANDOFF_MS_PER_MB = 0.02
+MAX_HANDOFF_MS_PER_MB = 2.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class Speed:
     mem_available_bytes: int | None = None  # ... and this, on the CPU
     predicted_cpu: float = 1.0  # what the signals alone say
     measured_cpu: float | None = None  # the latest warm-refresh slowdown, as given
+    handoff_ms_per_mb: float = 0.0  # added to a CPU estimate per MB its plan writes (Plan.written_mb)
 
 
 def lockstep_penalty(oversubscription: float, threads: int) -> float:
@@ -200,7 +211,7 @@ def combine(predicted: float, measured: float | None, measured_current: bool,
 
 def speed_from_state(
     state: DeviceState, measured: float | None, cores: int, *, measured_current: bool = False,
-    predicted_then: float | None = None,
+    predicted_then: float | None = None, handoff_ms_per_mb: float | None = None,
 ) -> Speed:
     """Present speed of this device.
 
@@ -210,11 +221,16 @@ def speed_from_state(
     change (RefreshPolicy.measurement_current()); when False, a slowdown the
     signals predict wins over an older, faster measurement.
     `predicted_then`: the prediction for the state the measurement was taken in.
+    `handoff_ms_per_mb`: the latest warm refresh's handoff extra, or None.
     """
     predicted, reasons = predict_cpu(state, cores)
     cpu = combine(predicted, measured, measured_current, predicted_then)
     if measured is not None and measured > 1.1 and measured >= predicted:
         reasons.append(f"measured {measured:.2f}x slower than calibrated")
+    handoff = handoff_ms_per_mb if handoff_ms_per_mb is not None and math.isfinite(handoff_ms_per_mb) else 0.0
+    handoff = min(MAX_HANDOFF_MS_PER_MB, max(0.0, handoff))
+    if handoff >= NOTABLE_HANDOFF_MS_PER_MB:
+        reasons.append(f"threads hand data across cores {handoff:.3f} ms/MB slower than calibrated")
     gpu, gpu_free, gpu_reasons = predict_gpu(state)
     return Speed(
         cpu=round(min(MAX_FACTOR, max(MIN_FACTOR, cpu)), 4),
@@ -224,4 +240,5 @@ def speed_from_state(
         mem_available_bytes=state.memory.available_bytes,
         predicted_cpu=round(predicted, 4),
         measured_cpu=measured,
+        handoff_ms_per_mb=round(handoff, 5),
     )

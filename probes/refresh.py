@@ -1,9 +1,18 @@
-"""Warm refresh: a cheap onnxruntime probe that measures how much slower one inference runs now than calibrated.
+"""Warm refresh: cheap onnxruntime probes that measure how much slower one inference runs now than calibrated.
 
 `reference()` right after cold calibration is the quiet device; later,
-`slowdown(measure(), reference)` is how much slower one inference runs now.
+`slowdown(measure(), reference)` is how much slower one inference runs now,
+and `handoff_ms_per_mb(measure(), reference)` what the host adds on top per
+MB of activations the intra-op threads hand each other.
 
-The probe runs as an app runs a model: one session with onnxruntime's
+Two probes, their runs alternating in one window: a compute probe (3x3
+convolutions, whose threads each keep to their part of the image) and a
+handoff probe (depthwise and pointwise convolutions over large activations,
+whose threads read what the other core wrote). A host whose vCPUs sit apart
+some of the time (docs/device-state.md) slows the second 2-3x and the first
+hardly at all; time slicing and lower clocks slow both alike.
+
+Each probe runs as an app runs a model: a session with onnxruntime's
 default options (intra-op threads = the physical cores, pinned, spinning
 between kernels; only the spinning after a run is cut short), run back to
 back. Its wall time per run is averaged over a window of several
@@ -20,7 +29,7 @@ waits (the design until 2026-11-21): that penalty depends on the machine's
 scheduler and hypervisor, and a constant fitted on one machine read 27-55 %
 high on another (docs/device-state.md).
 
-The session is created once and cached; one refresh runs until the process
+The sessions are created once and cached; one refresh runs until the process
 has used `CPU_BUDGET_S` of CPU (so it lasts longer when the probe gets less
 of a core, and sees more slices), or `MAX_WALL_S` has passed.
 
@@ -43,7 +52,8 @@ CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
 MIN_RUNS = 3
 REFERENCE_RUNS = 3  # the reference keeps the fastest of this many refreshes (the quiet device), and of earlier ones
-LOCKSTEP_KEY = "lockstep_s"  # wall seconds per run of the probe, mean over the window
+LOCKSTEP_KEY = "lockstep_s"  # wall seconds per run of the compute probe, mean over the window
+HANDOFF_KEY = "handoff_s"  # wall seconds per run of the handoff probe, mean over the same window
 THREADS_KEY = "threads"
 CORES_KEY = "cores"
 # onnxruntime 1.31 reads IR versions up to 13; onnx 1.23 writes 14 by default.
@@ -52,21 +62,41 @@ OPSET = 17
 # The probe: LAYERS 3x3 convolutions (+ Relu) over CHANNELS x PIXELS x PIXELS, the bulk of a CNN; about
 # 1 ms a run on two cores of a 2026 server, so that a window holds tens of runs.
 LAYERS, CHANNELS, PIXELS = 4, 32, 56
+# The handoff probe: HANDOFF_BLOCKS depthwise 3x3 + pointwise 1x1 pairs (+ Relu) over large activations, as in
+# a MobileNet's first blocks. onnxruntime splits a depthwise convolution and a pointwise one differently between
+# its threads, so each layer reads what the other core wrote: cheap in compute, heavy in cross-core traffic.
+HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS = 3, 32, 112
+# MB of activations the cost model's plan says the handoff probe writes per run (Plan.written_mb; a test
+# checks it), so that its extra time converts to the same ms per MB the estimator charges a model.
+HANDOFF_MB = 12.845
 
 
-def _build_model() -> tuple[bytes, dict[str, np.ndarray]]:
-    """The probe graph (serialized ONNX) and its input, built in memory."""
+def _layer(kind: str, i: int, x: str, channels: int, rng: np.random.Generator) -> tuple[list, object]:
+    """One probe layer (a convolution and its Relu) reading `x`: nodes and weight."""
+    from onnx import helper, numpy_helper
+
+    if kind == "conv":
+        w, attrs = rng.standard_normal((channels, channels, 3, 3)) * 0.05, {"pads": [1, 1, 1, 1]}
+    elif kind == "depthwise":
+        w, attrs = rng.standard_normal((channels, 1, 3, 3)) * 0.1, {"pads": [1, 1, 1, 1], "group": channels}
+    else:  # pointwise
+        w, attrs = rng.standard_normal((channels, channels, 1, 1)) * 0.1, {}
+    nodes = [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], **attrs), helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+    return nodes, numpy_helper.from_array(w.astype(np.float32), f"w{i}")
+
+
+def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[bytes, dict[str, np.ndarray]]:
+    """A probe graph (serialized ONNX) and its input, built in memory: `layers` in a chain."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     rng = np.random.default_rng(0)
-    shape = [1, CHANNELS, PIXELS, PIXELS]
+    shape = [1, channels, pixels, pixels]
     nodes, weights, x = [], [], "x"
-    for i in range(LAYERS):
-        w = (rng.standard_normal((CHANNELS, CHANNELS, 3, 3)) * 0.05).astype(np.float32)
-        weights.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
-        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+    for i, kind in enumerate(layers):
+        layer_nodes, weight = _layer(kind, i, x, channels, rng)
+        nodes += layer_nodes
+        weights.append(weight)
         x = f"r{i}"
     graph = helper.make_graph(nodes, "warm_refresh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], initializer=weights)
@@ -74,6 +104,14 @@ def _build_model() -> tuple[bytes, dict[str, np.ndarray]]:
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model.SerializeToString(), {"x": rng.standard_normal(shape, dtype=np.float32)}
+
+
+def compute_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+    return _build_model(("conv",) * LAYERS, CHANNELS, PIXELS)
+
+
+def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+    return _build_model(("depthwise", "pointwise") * HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS)
 
 
 def default_threads() -> int:
@@ -104,35 +142,46 @@ class WarmRefresh:
         # The intra-op threads spin between kernels as an app's do, but stop when a run returns: else they
         # would spin on for about 50 ms after each refresh, a quarter of its CPU and in the app's way.
         options.add_session_config_entry("session.force_spinning_stop", "1")
-        blob, self._feeds = _build_model()
-        self._session = ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
+        self._probes = [(ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"]), feeds)
+                        for blob, feeds in (compute_probe(), handoff_probe())]
         self.last_cpu_s: float | None = None
         self.last_runs: int = 0
 
     def measure(self) -> dict[str, float]:
-        """Wall seconds per run of the probe (mean over the window), threads, cores."""
+        """Wall seconds per run of each probe (mean over the window; their runs alternate, so that both see the
+        same background), threads, cores."""
         with self._lock:  # one refresh at a time: two would slow each other down
             cpu_start = time.process_time()  # the whole process: onnxruntime's threads included
-            self._session.run(None, self._feeds)  # untimed: wakes the intra-op threads
+            for session, feeds in self._probes:
+                session.run(None, feeds)  # untimed: wakes the intra-op threads
             deadline_cpu = time.process_time() + self.cpu_budget_s
             runs = 0
+            walls = [0.0] * len(self._probes)
             start = time.perf_counter()
             while True:
-                self._session.run(None, self._feeds)
+                for i, (session, feeds) in enumerate(self._probes):
+                    t = time.perf_counter()
+                    session.run(None, feeds)
+                    walls[i] += time.perf_counter() - t
                 runs += 1
-                wall = time.perf_counter() - start
-                if wall >= self.max_wall_s or (runs >= MIN_RUNS and time.process_time() >= deadline_cpu):
+                if time.perf_counter() - start >= self.max_wall_s or (
+                        runs >= MIN_RUNS and time.process_time() >= deadline_cpu):
                     break
             self.last_cpu_s = time.process_time() - cpu_start
             self.last_runs = runs
-            return {LOCKSTEP_KEY: wall / runs, THREADS_KEY: float(self.threads), CORES_KEY: float(self.cores)}
+            return {LOCKSTEP_KEY: walls[0] / runs, HANDOFF_KEY: walls[1] / runs, THREADS_KEY: float(self.threads),
+                    CORES_KEY: float(self.cores)}
 
     def reference(self, earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
-        """The quiet device: the fastest of REFERENCE_RUNS refreshes now and of `earlier` ones
+        """The quiet device: each probe's fastest of REFERENCE_RUNS refreshes now and of `earlier` ones
         (interference only ever adds time)."""
         readings = [m for m in earlier if m.get(LOCKSTEP_KEY)]
         readings += [self.measure() for _ in range(REFERENCE_RUNS)]
-        return min(readings, key=lambda m: m[LOCKSTEP_KEY])
+        out = dict(min(readings, key=lambda m: m[LOCKSTEP_KEY]))
+        handoffs = [m[HANDOFF_KEY] for m in readings if m.get(HANDOFF_KEY)]
+        if handoffs:
+            out[HANDOFF_KEY] = min(handoffs)
+        return out
 
 
 _default: WarmRefresh | None = None
@@ -165,6 +214,22 @@ def slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None
     if not a or not b or a <= 0 or b <= 0 or not math.isfinite(a / b):
         return None
     return a / b
+
+
+def handoff_ms_per_mb(now: dict[str, float], reference: dict[str, float]) -> float | None:
+    """The extra time this host charges now, beyond calibration, per MB of activations the intra-op threads hand
+    each other (Plan.written_mb): the handoff probe's time beyond what the compute probe's slowdown explains.
+
+    On a host whose vCPUs sit apart some of the time, that extra grows with the bytes a model writes and not
+    with its time (docs/device-state.md, "the host's slow phase"), so it is added to an estimate, not
+    multiplied in. Never below 0 (the calibration is the quiet device); None when either reading lacks a probe.
+    """
+    ratio = slowdown(now, reference)
+    a, b = now.get(HANDOFF_KEY), reference.get(HANDOFF_KEY)
+    if ratio is None or not a or not b or a <= 0 or b <= 0:
+        return None
+    extra = 1000.0 * (a - ratio * b) / HANDOFF_MB
+    return max(0.0, extra) if math.isfinite(extra) else None
 
 
 @dataclass(frozen=True)

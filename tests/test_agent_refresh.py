@@ -16,7 +16,7 @@ import time
 import pytest
 
 from broker import mosquitto  # noqa: F401 - fixture
-from probes.refresh import LOCKSTEP_KEY
+from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY
 from probes.state import Sampler
 from sysfs_trees import vm
 
@@ -57,6 +57,41 @@ async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pa
         assert agent._measured_predicted == pytest.approx(predict_cpu(agent._last_state, agent._cores)[0])
         await asyncio.sleep(1.0)  # ten more samples; the policy's 2 s gap has not passed
         assert len(calls) == 1, calls  # samples during the 0.5 s refresh did not queue another
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+
+
+async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_the_bytes_a_model_writes(
+        state_dir, mosquitto, tmp_path):  # noqa: F811
+    """A slow phase of the host: the compute probe as calibrated, the handoff probe 0.1 ms slower per MB it writes.
+    The agent adds that per MB to a CPU latency (a 40 MB model: +4 ms), and not to a GPU's."""
+    from agent.calibration_store import load as load_calibration
+    from agent.config import load_config
+    from agent.service import Agent
+
+    reference = load_calibration(state_dir, "cpu").refresh_reference
+    assert HANDOFF_KEY in reference  # the calibration read both probes
+
+    def measure() -> dict[str, float]:
+        return {**reference, HANDOFF_KEY: reference[HANDOFF_KEY] + HANDOFF_MB * 1e-4}
+
+    tree = vm(tmp_path / "tree")
+    cfg = load_config(None, {"broker": mosquitto.url, "device_id": "refresh2", "state_dir": str(state_dir),
+                             "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
+                             "calibration": "quick"})
+    agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, ppd=False), measure=measure)
+    task = asyncio.get_running_loop().create_task(agent.run())
+    try:
+        for _ in range(600):
+            if agent._handoff is not None and agent._handoffs[0] > 0:
+                break
+            assert not task.done(), task
+            await asyncio.sleep(0.05)
+        assert agent._handoff == pytest.approx(0.1)
+        cpu = float(agent._factors[0])
+        assert agent.present_latency({"cpu": 10.0}, 0, 40.0) == (pytest.approx(10.0 * cpu + 4.0), "cpu")
+        assert agent.present_latency({"cpu": 10.0}, 0, 0.0) == (pytest.approx(10.0 * cpu), "cpu")
     finally:
         agent.request_stop()
         await asyncio.wait_for(task, 15)

@@ -89,6 +89,20 @@ def test_gpu_monitor_without_a_usable_gpu_does_not_meet():
     assert t.evaluate(1.0, factors(1.0, gpu=1.0)) == [Change("g", True, 5)]
 
 
+def test_handoff_extra_adds_each_cpu_monitor_s_written_mb_and_spares_the_gpu_s():
+    """A host's slow phase costs a model by the bytes it writes, not by its time (monitors/speed.py)."""
+    t = MonitorTable(MonitorRules(dwell_s=0.0))
+    t.add("bytes", base_ms=12.0, device="cpu", bound_ms=bound_ms("excellent"), meets=True, seq=1, written_mb=60.0)
+    t.add("flops", base_ms=12.0, device="cpu", bound_ms=bound_ms("excellent"), meets=True, seq=2, written_mb=2.0)
+    t.add("gpu", base_ms=12.0, device="gpu", bound_ms=bound_ms("excellent"), meets=True, seq=3, written_mb=40.0)
+    handoffs = np.array([0.1, 0.0])  # 0.1 ms per MB on the CPU
+    # 18 ms: past 16 ms and its margin
+    assert t.latencies(factors(1.0, gpu=1.0), handoffs=handoffs).tolist() == pytest.approx([18.0, 12.2, 12.0])
+    assert t.evaluate(0.0, factors(1.0, gpu=1.0), handoffs=handoffs) == [Change("bytes", False, 4)]
+    t.remove("flops")  # the swap-remove keeps each monitor's bytes with it
+    assert t.latencies(factors(2.0, gpu=1.0), handoffs=handoffs).tolist() == pytest.approx([30.0, 12.0])
+
+
 def test_poor_tier_is_met_by_any_finite_latency():
     t = MonitorTable(MonitorRules(dwell_s=0.0))
     t.add("p", base_ms=1e9, device="cpu", bound_ms=bound_ms("poor"), meets=True, seq=0)

@@ -140,3 +140,13 @@ def test_plan_reports_weights_activations_and_flops():
     assert 95e6 < p.weight_bytes < 110e6  # ResNet-50: 25.6 M parameters
     assert 7e9 < p.flops < 9e9  # about 4.1 G multiply-adds
     assert 1e6 < p.peak_activation_bytes < 100e6
+
+
+def test_written_bytes_is_each_family_s_output_in_float32() -> None:
+    assert Kernel("conv", (3136, 288, 64), 0).written_bytes == 3136 * 64 * 4
+    assert Kernel("conv1x1", (100, 32, 16), 0, repeat=4).written_bytes == 100 * 16 * 4 * 4  # per group x groups
+    assert Kernel("gemm", (32, 1024, 1000), 0).written_bytes == 32 * 1000 * 4
+    assert Kernel("dwconv", (96, 12544, 9), 0).written_bytes == 96 * 12544 * 4
+    assert Kernel("bmm", (4, 128, 64, 128), 0).written_bytes == 4 * 128 * 128 * 4
+    assert Kernel("eltwise", (3e6,), 3e6).written_bytes == 1.5e6
+    assert Kernel("view", (1e6,), 1e6).written_bytes == 0.0

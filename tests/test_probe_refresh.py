@@ -12,19 +12,20 @@ import pytest
 from sysfs_trees import laptop
 
 from probes import refresh
-from probes.refresh import LOCKSTEP_KEY, MIN_RUNS, RefreshPolicy, WarmRefresh, slowdown
+from probes.refresh import (HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY, MIN_RUNS, RefreshPolicy, WarmRefresh,
+                            handoff_ms_per_mb, handoff_probe, slowdown)
 from probes.state import Sampler
 
 
-def test_measure_runs_a_real_multithreaded_onnxruntime_probe_with_a_cached_session():
+def test_measure_runs_two_real_multithreaded_onnxruntime_probes_with_cached_sessions():
     warm = WarmRefresh(threads=2, cpu_budget_s=0.02)
-    session = warm._session
+    sessions = [session for session, _ in warm._probes]
     first = warm.measure()
     second = warm.measure()
-    assert set(first) == set(second) == {LOCKSTEP_KEY, "threads", "cores"}
-    assert 0 < first[LOCKSTEP_KEY] < 1.0
+    assert set(first) == set(second) == {LOCKSTEP_KEY, HANDOFF_KEY, "threads", "cores"}
+    assert 0 < first[LOCKSTEP_KEY] < 1.0 and 0 < first[HANDOFF_KEY] < 1.0
     assert first["threads"] == 2.0 and first["cores"] == os.cpu_count()
-    assert warm._session is session  # created once, reused
+    assert [session for session, _ in warm._probes] == sessions  # created once, reused
     assert warm.last_cpu_s is not None and warm.last_cpu_s > 0
     assert warm.last_runs >= MIN_RUNS
 
@@ -51,6 +52,54 @@ def test_reference_keeps_the_fastest_refresh():
             return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
 
     assert Scripted(threads=1).reference()[LOCKSTEP_KEY] == 1e-3
+
+
+def test_reference_keeps_each_probe_s_fastest_reading():
+    readings = iter([(3e-3, 0.5e-3), (1e-3, 0.9e-3), (2e-3, 0.6e-3)])
+
+    class Scripted(WarmRefresh):
+        def measure(self):
+            lockstep, handoff = next(readings)
+            return {LOCKSTEP_KEY: lockstep, HANDOFF_KEY: handoff, "threads": 2.0, "cores": 2.0}
+
+    reference = Scripted(threads=1).reference([{LOCKSTEP_KEY: 4e-3}])  # an older probe's reading: no handoff
+    assert (reference[LOCKSTEP_KEY], reference[HANDOFF_KEY]) == (1e-3, 0.5e-3)
+
+
+def test_handoff_extra_is_the_handoff_probe_s_time_beyond_the_compute_probe_s_slowdown():
+    reference = {LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 0.5e-3}
+    # a slow phase: the compute probe as calibrated, the handoff probe 1.2845 ms slower = 0.1 ms per MB it writes
+    phase = {LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 0.5e-3 + HANDOFF_MB * 1e-4}
+    assert handoff_ms_per_mb(phase, reference) == pytest.approx(0.1)
+    # time slicing slows both 3x: no handoff extra; 3x plus the slow phase: the same 0.1 ms/MB on top
+    assert handoff_ms_per_mb({LOCKSTEP_KEY: 3e-3, HANDOFF_KEY: 1.5e-3}, reference) == pytest.approx(0.0)
+    both = {LOCKSTEP_KEY: 3e-3, HANDOFF_KEY: 1.5e-3 + HANDOFF_MB * 1e-4}
+    assert handoff_ms_per_mb(both, reference) == pytest.approx(0.1)
+    # the handoff probe faster than the slowdown says (noise): 0, never a negative extra
+    assert handoff_ms_per_mb({LOCKSTEP_KEY: 3e-3, HANDOFF_KEY: 1e-3}, reference) == 0.0
+    # a reference or reading of the probe before it had a handoff probe: no figure
+    assert handoff_ms_per_mb(phase, {LOCKSTEP_KEY: 1e-3}) is None
+    assert handoff_ms_per_mb({LOCKSTEP_KEY: 1e-3}, reference) is None
+
+
+def test_handoff_mb_is_what_the_cost_model_counts_for_the_handoff_probe():
+    """The extra per MB must be in the estimator's bytes, or a model would be charged at the wrong rate."""
+    from monitors.importer import load_graph
+    from monitors.planner import plan
+
+    blob, _ = handoff_probe()
+    assert plan(load_graph(blob, fmt="onnx")).written_mb == pytest.approx(HANDOFF_MB, rel=1e-3)
+
+
+def test_the_real_handoff_probe_writes_far_more_bytes_per_ms_than_the_compute_probe():
+    """What lets one refresh tell the two apart: the handoff probe is bytes, the compute probe is FLOPs."""
+    from monitors.importer import load_graph
+    from monitors.planner import plan
+    from probes.refresh import compute_probe
+
+    reading = WarmRefresh(threads=2, cpu_budget_s=0.05).measure()
+    compute_mb = plan(load_graph(compute_probe()[0], fmt="onnx")).written_mb
+    assert HANDOFF_MB / reading[HANDOFF_KEY] > 3 * compute_mb / reading[LOCKSTEP_KEY]
 
 
 def test_reference_keeps_an_earlier_faster_refresh_and_skips_old_format_ones():

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from nvml_standin import NvmlStandin, StandinGpu
 from sysfs_trees import desktop, laptop, server, vm
 
-from monitors.speed import (POWER_SAVING_FACTOR, UNSIZED_THROTTLING_FACTOR, Speed, combine, contention_factor,
-                            lockstep_penalty, speed_from_state)
+from monitors.speed import (MAX_HANDOFF_MS_PER_MB, POWER_SAVING_FACTOR, UNSIZED_THROTTLING_FACTOR, Speed, combine,
+                            contention_factor, lockstep_penalty, speed_from_state)
 from probes.state import Sampler
 
 
@@ -163,6 +163,32 @@ def test_desktop_fixture_tree_measured_slowdown_confirmed(tmp_path):
     fresh = speed_from_state(state, 1.0, cores=8, measured_current=True)
     assert stale.cpu == pytest.approx(predicted) and stale.predicted_cpu == pytest.approx(predicted)
     assert 1.0 < fresh.cpu < stale.cpu
+
+
+def test_vm_fixture_tree_handoff_extra_is_the_measurement_s_and_bounded(tmp_path):
+    state = sampled(vm(tmp_path))
+    assert speed_from_state(state, 1.0, cores=2, measured_current=True).handoff_ms_per_mb == 0.0  # none measured
+    measured = speed_from_state(state, 1.02, cores=2, measured_current=True, handoff_ms_per_mb=0.12)
+    assert measured.handoff_ms_per_mb == pytest.approx(0.12)
+    assert measured.cpu == pytest.approx(math.sqrt(1.02), rel=1e-3)  # the multiplier is the compute probe's alone
+    assert any("hand data across cores" in r for r in measured.reasons)
+    # kept after a marked change too: no signal says whether the host's phase moved
+    assert speed_from_state(state, 1.02, cores=2, handoff_ms_per_mb=0.12).handoff_ms_per_mb == pytest.approx(0.12)
+    for wild, bounded in ((math.nan, 0.0), (-1.0, 0.0), (1e9, MAX_HANDOFF_MS_PER_MB)):
+        assert speed_from_state(state, 1.0, cores=2, handoff_ms_per_mb=wild).handoff_ms_per_mb == bounded
+
+
+def test_estimate_adds_the_handoff_extra_for_the_bytes_the_cpu_plan_writes(estimator):
+    from monitors.importer import load_graph
+    from probes.refresh import handoff_probe
+
+    plan = estimator.plan(load_graph(handoff_probe()[0], fmt="onnx"), "cpu")
+    quiet = Speed(cpu=1.5, gpu=None, gpu_free_bytes=None, reasons=())
+    phase = dataclasses.replace(quiet, handoff_ms_per_mb=0.1)
+    at_rest = estimator.estimate(plan, device="cpu").latency_ms
+    assert estimator.estimate(plan, device="cpu", speed=quiet).latency_ms == pytest.approx(1.5 * at_rest)
+    assert estimator.estimate(plan, device="cpu", speed=phase).latency_ms == pytest.approx(
+        1.5 * at_rest + 0.1 * plan.written_mb)
 
 
 @given(load=st.floats(0, 1), steal=st.floats(0, 1), psi=st.floats(0, 100), measured=st.one_of(st.none(), st.floats(0.01, 100)),
