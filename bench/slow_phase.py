@@ -17,6 +17,13 @@ The last columns say how well each view fits: the extra predicted as the
 median ms per MB times the model's bytes, against the median ratio times
 its fast-phase latency.
 
+Each window also takes one warm refresh (probes/refresh.py) as the agent
+does, and the end of the output scores, over every window and model, the
+estimate the agent makes from it: each model's fastest window (its
+calibrated latency) x the refresh's slowdown + its MB x the refresh's
+handoff extra; against the slowdown alone (the agent before the handoff
+probe) and no correction at all.
+
     python -m bench.slow_phase --state-dir DIR             # 12 models, 300 s
     python -m bench.slow_phase --models squeezenet,shufflenet --seconds 60
 
@@ -82,6 +89,26 @@ def phase_rows(windows: list[dict[str, float]], mbytes: dict[str, float]) -> lis
             for m in mbytes]
 
 
+def refresh_views(windows: list[dict[str, float]], mbytes: dict[str, float],
+                  readings: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Each view's relative errors over every window and model, from each window's warm refresh reading
+    (reference: each probe's fastest reading, as a calibration keeps; a model's calibrated latency: its
+    fastest window)."""
+    from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, slowdown
+
+    reference = {key: min(r[key] for r in readings) for key in (LOCKSTEP_KEY, HANDOFF_KEY)}
+    fastest = {m: min(w[m] for w in windows) for m in mbytes}
+    views: dict[str, list[float]] = {"slowdown + handoff extra": [], "slowdown alone": [], "no correction": []}
+    for window, reading in zip(windows, readings):
+        ratio, extra = slowdown(reading, reference) or 1.0, handoff_ms_per_mb(reading, reference) or 0.0
+        for m, mb in mbytes.items():
+            real = window[m]
+            views["slowdown + handoff extra"].append((fastest[m] * ratio + mb * extra) / real - 1)
+            views["slowdown alone"].append(fastest[m] * ratio / real - 1)
+            views["no correction"].append(fastest[m] / real - 1)
+    return views
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
@@ -96,6 +123,7 @@ def main() -> int:
     from bench.groundtruth import _feeds, _plain_inputs
     from monitors.estimator import Estimator
     from monitors.importer import load_graph
+    from probes.refresh import WarmRefresh
 
     estimator = Estimator.load(args.state_dir, device="cpu")
     sessions, mbytes = {}, {}
@@ -108,7 +136,9 @@ def main() -> int:
         session.run(None, feeds)
         sessions[name] = (session, feeds)
 
+    refresh = WarmRefresh()
     windows: list[dict[str, float]] = []
+    readings: list[dict[str, float]] = []
     end = time.monotonic() + args.seconds
     while time.monotonic() < end:
         window = {}
@@ -121,7 +151,13 @@ def main() -> int:
                 times.append(time.perf_counter() - t)
             window[name] = 1000.0 * statistics.median(times)
         windows.append(window)
+        readings.append(refresh.measure())
 
+    print("each window's warm refresh, as the agent estimates from it, over every window and model:")
+    for label, errors in refresh_views(windows, mbytes, readings).items():
+        within = sum(abs(e) <= 0.25 for e in errors)
+        print(f"  {label:26s}: {within / len(errors):4.0%} within +/-25%, median |error| "
+              f"{statistics.median(abs(e) for e in errors):.0%}")
     fast, slow = split_phases(windows)
     print(f"{len(windows)} windows: {len(fast)} fast, {len(slow)} slow, {len(windows) - len(fast) - len(slow)} between")
     rows = phase_rows(windows, mbytes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.slow_phase import phase_rows, split_phases
+from bench.slow_phase import phase_rows, refresh_views, split_phases
 
 
 def test_split_recovers_a_constant_extra_per_megabyte_where_the_ratio_differs() -> None:
@@ -23,3 +23,17 @@ def test_split_recovers_a_constant_extra_per_megabyte_where_the_ratio_differs() 
 def test_one_phase_only_gives_no_rows() -> None:
     assert phase_rows([{"m": 1.0}, {"m": 1.1}], {"m": 5.0}) == []
     assert split_phases([]) == ([], [])
+
+
+def test_refresh_views_score_the_handoff_extra_against_the_slowdown_alone() -> None:
+    """A slow phase the compute probe hardly sees: 0.1 ms per MB on top; only the handoff view follows it."""
+    from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY
+
+    mbytes = {"bytes": 20.0, "flops": 1.0}
+    windows = [{"bytes": 4.0, "flops": 10.0}, {"bytes": 6.0, "flops": 10.1}]
+    readings = [{LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 0.5e-3},
+                {LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 0.5e-3 + HANDOFF_MB * 1e-4}]
+    views = refresh_views(windows, mbytes, readings)
+    assert views["slowdown + handoff extra"] == pytest.approx([0.0, 0.0, 0.0, 0.0], abs=1e-9)
+    assert views["slowdown alone"] == pytest.approx([0.0, 0.0, 4.0 / 6.0 - 1, 10.0 / 10.1 - 1])
+    assert views["no correction"] == views["slowdown alone"]
