@@ -11,8 +11,11 @@ measure one. How the two are combined (docs/device-state.md):
   the slower of the two, because an app would rather fall back to the cloud
   than miss its frame budget on a slowdown nobody has confirmed yet;
 * a measurement taken in the present state: blended in log space with the
-  prediction (weight MEASURED_WEIGHT),
-  because short probes are noisy under time slicing.
+  prediction, weight MEASURED_WEIGHT divided by the square of the predicted
+  slowdown from time slicing, because a short probe that shares its cores with busy
+  processes reads what the scheduler gives its wake-ups: 4x where an app
+  ran 2.4x slower beside one busy process, 2.3x where it ran 5x beside
+  four, on the same machine, run after run (docs/device-state.md).
 
 Apart from that multiplier, the handoff extra: what a host whose vCPUs sit
 apart some of the time charges per MB of activations the intra-op threads
@@ -41,7 +44,8 @@ MAX_CLOCK_FACTOR = 4.0
 MAX_FACTOR = 50.0
 # A prediction above this explains the slowdown it was measured in: the correction fades when it falls.
 FADE_FROM = 1.1
-# Weight of a measurement taken in the present state, vs the prediction (log space).
+# Weight of a measurement taken in the present state, vs the prediction (log space), on a device
+# without contention; divided by the square of the predicted slowdown from time slicing (combine).
 MEASURED_WEIGHT = 0.5
 # A measurement can read a little faster than the reference (noise, turbo headroom).
 MIN_FACTOR = 0.8
@@ -95,6 +99,20 @@ def contention_factor(threads: int, others: float, cores: int, busy_others: floa
     return min(MAX_FACTOR, fair * lockstep_penalty((threads + busy) / cores, threads))
 
 
+def cpu_contention(state: DeviceState, threads: int) -> tuple[float, str | None]:
+    """The predicted slowdown from time slicing with other processes, and why (None: no contention seen)."""
+    c = state.cpu
+    cores = c.cores or max(1, threads)
+    others = c.demand  # busy cores saturate at the core count; runnable tasks tell 2 busy processes from 6
+    if others is not None:
+        contention = contention_factor(threads, others, cores, c.others_busy_cores)
+        return contention, f"{others:.1f} other tasks want a CPU" if contention > 1.0 else None
+    if c.psi_some_avg10 is not None:
+        psi = c.psi_some_avg10
+        return 1.0 + psi / 100.0, f"cpu pressure {psi:.0f} %" if psi >= 10.0 else None
+    return 1.0, None
+
+
 def predict_cpu(state: DeviceState, threads: int) -> tuple[float, list[str]]:
     """Predicted CPU slowdown from signals alone, and why."""
     reasons: list[str] = []
@@ -125,19 +143,9 @@ def predict_cpu(state: DeviceState, threads: int) -> tuple[float, list[str]]:
         reasons.append("energy/performance preference: power")
     factor *= min(clock, MAX_CLOCK_FACTOR)
 
-    # Contention from other processes.
-    cores = c.cores or max(1, threads)
-    others = c.demand  # busy cores saturate at the core count; runnable tasks tell 2 busy processes from 6
-    if others is not None:
-        contention = contention_factor(threads, others, cores, c.others_busy_cores)
-        if contention > 1.0:
-            reasons.append(f"{others:.1f} other tasks want a CPU")
-    elif c.psi_some_avg10 is not None:
-        contention = 1.0 + c.psi_some_avg10 / 100.0
-        if c.psi_some_avg10 >= 10.0:
-            reasons.append(f"cpu pressure {c.psi_some_avg10:.0f} %")
-    else:
-        contention = 1.0
+    contention, why = cpu_contention(state, threads)
+    if why:
+        reasons.append(why)
     factor *= contention
 
     # Time the hypervisor gives to other guests.
@@ -191,7 +199,7 @@ def carried_correction(ratio: float, predicted: float, predicted_then: float) ->
 
 
 def combine(predicted: float, measured: float | None, measured_current: bool,
-            predicted_then: float | None = None) -> float:
+            predicted_then: float | None = None, contention: float = 1.0) -> float:
     """The rule of the module docstring; see docs/device-state.md.
 
     A measurement older than the last marked change is first carried over to the present
@@ -199,6 +207,11 @@ def combine(predicted: float, measured: float | None, measured_current: bool,
     time (`predicted_then`), faded as the slowdown it corrected goes away (carried_correction).
     The measurement sizes the slowdown, the signals tell how it changed; so a load that stops is
     believed at the next sample, not at the next warm refresh.
+
+    A current measurement weighs MEASURED_WEIGHT / `contention` squared (`contention`: the predicted
+    slowdown from time slicing alone, cpu_contention): sharing cores with busy processes, the short
+    probe's reading depends on where the scheduler puts its wake-ups, not only on the load
+    (docs/device-state.md).
     """
     if measured is None or not math.isfinite(measured) or measured <= 0:
         return predicted
@@ -206,7 +219,8 @@ def combine(predicted: float, measured: float | None, measured_current: bool,
         if predicted_then and predicted_then > 0:
             measured = predicted * carried_correction(measured / predicted_then, predicted, predicted_then)
         return max(predicted, measured)
-    return math.exp(MEASURED_WEIGHT * math.log(measured) + (1 - MEASURED_WEIGHT) * math.log(predicted))
+    weight = MEASURED_WEIGHT / max(1.0, contention) ** 2
+    return math.exp(weight * math.log(measured) + (1 - weight) * math.log(predicted))
 
 
 def speed_from_state(
@@ -224,7 +238,7 @@ def speed_from_state(
     `handoff_ms_per_mb`: the latest warm refresh's handoff extra, or None.
     """
     predicted, reasons = predict_cpu(state, cores)
-    cpu = combine(predicted, measured, measured_current, predicted_then)
+    cpu = combine(predicted, measured, measured_current, predicted_then, cpu_contention(state, cores)[0])
     if measured is not None and measured > 1.1 and measured >= predicted:
         reasons.append(f"measured {measured:.2f}x slower than calibrated")
     handoff = handoff_ms_per_mb if handoff_ms_per_mb is not None and math.isfinite(handoff_ms_per_mb) else 0.0

@@ -163,6 +163,20 @@ def test_desktop_fixture_tree_measured_slowdown_confirmed(tmp_path):
     fresh = speed_from_state(state, 1.0, cores=8, measured_current=True)
     assert stale.cpu == pytest.approx(predicted) and stale.predicted_cpu == pytest.approx(predicted)
     assert 1.0 < fresh.cpu < stale.cpu
+    # the measurement weighs 0.5 / the square of the slowdown the signals put down to time slicing (here all)
+    assert fresh.cpu == pytest.approx(predicted ** (1 - 0.5 / predicted ** 2), rel=1e-3)
+
+
+def test_a_current_measurement_weighs_less_the_more_time_slicing_the_signals_see():
+    # no contention: half and half (a throttled clock the signals miss, a host's other tenants)
+    assert combine(1.0, 2.0, measured_current=True) == pytest.approx(math.sqrt(2.0))
+    assert combine(1.5, 2.0, measured_current=True, contention=1.0) == pytest.approx(math.sqrt(3.0))
+    # four busy processes on two cores: the probe read 2.3x where apps ran about 5x; the prediction 4.8x leads
+    sliced = combine(4.8, 2.3, measured_current=True, contention=4.8)
+    weight = 0.5 / 4.8 ** 2
+    assert sliced == pytest.approx(math.exp(weight * math.log(2.3) + (1 - weight) * math.log(4.8)))
+    assert 4.6 < sliced < 4.8
+    assert combine(4.8, 2.3, measured_current=True, contention=0.5) == combine(4.8, 2.3, measured_current=True)
 
 
 def test_vm_fixture_tree_handoff_extra_is_the_measurement_s_and_bounded(tmp_path):
