@@ -29,6 +29,21 @@ def test_estimate_json_has_tier_latency_device_and_kernels(state_dir):
     assert 0.3 < out["latency_ms"] < 100 and out["kernels"] > 20
 
 
+def test_estimate_now_takes_a_real_warm_refresh_and_adds_its_handoff_extra_per_mb_written(state_dir, estimator):
+    from monitors.importer import load_graph
+
+    model = str(LIGHT_MODELS / "light_squeezenet.onnx")
+    at_rest = json.loads(daop("estimate", model, "--json", "--at-rest", state_dir=state_dir).stdout)
+    r = daop("estimate", model, "--json", state_dir=state_dir)
+    assert r.returncode == 0, r.stderr
+    now = json.loads(r.stdout)
+    assert now["slowdown"] >= 0.8 and now["handoff_ms_per_mb"] >= 0.0
+    written = estimator.plan(load_graph(model), "cpu").written_mb
+    assert written > 10  # SqueezeNet's activations: about 21 MB
+    expected = at_rest["latency_ms"] * now["slowdown"] + written * now["handoff_ms_per_mb"]
+    assert now["latency_ms"] == pytest.approx(expected, rel=2e-3, abs=2e-3)
+
+
 def test_estimate_plain_output_is_one_readable_line(state_dir):
     r = daop("estimate", str(LIGHT_MODELS / "light_squeezenet.onnx"), state_dir=state_dir)
     assert r.returncode == 0, r.stderr

@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
     estimator = calibration_store.load_estimator(state_dir, device=args.device, quick=True,
                                                  progress=ProgressBar("calibrating"))
-    speed = None if args.at_rest else _present_speed()
+    speed = None if args.at_rest else _present_speed(estimator.calibrations["cpu"].refresh_reference
+                                                     if "cpu" in estimator.calibrations else {})
     est = estimator.estimate(graph, device=args.device, speed=speed)
     latency = est.latency_ms if math.isfinite(est.latency_ms) else None
     if args.json:
@@ -41,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
                "device": est.device, "kernels": est.kernels}
         if speed is not None:
             out["slowdown"] = round(speed.cpu if est.device == "cpu" else (speed.gpu or 1.0), 3)
+            if est.device == "cpu":
+                out["handoff_ms_per_mb"] = speed.handoff_ms_per_mb
         print(json.dumps(out))
     else:
         shown = "does not fit on this device now" if latency is None else f"{latency:.2f} ms"
@@ -50,17 +53,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _present_speed():
-    """The device's present speed, predicted from its state (no warm refresh for one estimate)."""
+def _present_speed(reference: dict[str, float]):
+    """The device's present speed: its state over a window, then one warm refresh against the calibration's
+    reference, as the agent measures (none without a reference: the prediction alone)."""
     from monitors.speed import speed_from_state
-    from probes.refresh import default_threads
+    from probes import refresh
     from probes.state import Sampler
 
     sampler = Sampler()
     try:
-        return speed_from_state(sampler.sample_over(), measured=None, cores=default_threads())
+        state = sampler.sample_over()
     finally:
         sampler.close()
+    measured = handoff = None
+    if reference:
+        now = refresh.measure()
+        measured, handoff = refresh.slowdown(now, reference), refresh.handoff_ms_per_mb(now, reference)
+    return speed_from_state(state, measured, refresh.default_threads(), measured_current=measured is not None,
+                            handoff_ms_per_mb=handoff)
 
 
 def _print_kernels(estimator, graph, device: str) -> None:
