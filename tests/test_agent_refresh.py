@@ -10,6 +10,7 @@ different slowdowns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -21,16 +22,41 @@ from probes.state import Sampler
 from sysfs_trees import vm
 
 
+@contextlib.asynccontextmanager
+async def vm_agent(state_dir, broker, tree, device_id: str, measure):
+    """A running agent on the fixture tree, with `measure` as its warm refresh."""
+    from agent.config import load_config
+    from agent.service import Agent
+
+    cfg = load_config(None, {"broker": broker.url, "device_id": device_id, "state_dir": str(state_dir),
+                             "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
+                             "calibration": "quick"})
+    agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, ppd=False), measure=measure)
+    task = asyncio.get_running_loop().create_task(agent.run())
+    try:
+        yield agent, task
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+
+
+async def until(task: asyncio.Task, condition) -> None:
+    for _ in range(600):
+        if condition():
+            return
+        assert not task.done(), task
+        await asyncio.sleep(0.05)
+
+
 async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pairs_it_with_the_next_sample(
         state_dir, mosquitto, tmp_path):  # noqa: F811
     from agent.calibration_store import load as load_calibration
-    from agent.config import load_config
-    from agent.service import Agent
     from monitors.speed import predict_cpu
 
     reference = load_calibration(state_dir, "cpu").refresh_reference
     calls: list[float] = []
     lock = threading.Lock()
+    tree = vm(tmp_path / "tree")
 
     def measure() -> dict[str, float]:
         with lock:
@@ -39,36 +65,21 @@ async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pa
         time.sleep(0.5)
         return {**reference, LOCKSTEP_KEY: 3.0 * reference[LOCKSTEP_KEY]}
 
-    tree = vm(tmp_path / "tree")
-    cfg = load_config(None, {"broker": mosquitto.url, "device_id": "refresh1", "state_dir": str(state_dir),
-                             "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
-                             "calibration": "quick"})
-    agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, ppd=False), measure=measure)
-    task = asyncio.get_running_loop().create_task(agent.run())
-    try:
-        for _ in range(600):
-            if agent._measured is not None:
-                break
-            assert not task.done(), task
-            await asyncio.sleep(0.05)
+    async with vm_agent(state_dir, mosquitto, tree, "refresh1", measure) as (agent, task):
+        await until(task, lambda: agent._measured is not None)
         assert agent._measured == pytest.approx(3.0)
         # paired with a sample taken after the refresh began: the loaded prediction, not the quiet one
         assert agent._measured_predicted > 2.0
         assert agent._measured_predicted == pytest.approx(predict_cpu(agent._last_state, agent._cores)[0])
         await asyncio.sleep(1.0)  # ten more samples; the policy's 2 s gap has not passed
         assert len(calls) == 1, calls  # samples during the 0.5 s refresh did not queue another
-    finally:
-        agent.request_stop()
-        await asyncio.wait_for(task, 15)
 
 
 async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_the_bytes_a_model_writes(
         state_dir, mosquitto, tmp_path):  # noqa: F811
-    """A slow phase of the host: the compute probe as calibrated, the handoff probe 0.1 ms slower per MB it writes.
-    The agent adds that per MB to a CPU latency (a 40 MB model: +4 ms), and not to a GPU's."""
+    """A slow phase of the host: the compute probe as calibrated, the handoff probe 0.1 ms slower per MB it
+    writes. The agent adds that per MB to a CPU latency: a 40 MB model +4 ms, one that writes nothing +0."""
     from agent.calibration_store import load as load_calibration
-    from agent.config import load_config
-    from agent.service import Agent
 
     reference = load_calibration(state_dir, "cpu").refresh_reference
     assert HANDOFF_KEY in reference  # the calibration read both probes
@@ -76,22 +87,9 @@ async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_t
     def measure() -> dict[str, float]:
         return {**reference, HANDOFF_KEY: reference[HANDOFF_KEY] + HANDOFF_MB * 1e-4}
 
-    tree = vm(tmp_path / "tree")
-    cfg = load_config(None, {"broker": mosquitto.url, "device_id": "refresh2", "state_dir": str(state_dir),
-                             "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
-                             "calibration": "quick"})
-    agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, ppd=False), measure=measure)
-    task = asyncio.get_running_loop().create_task(agent.run())
-    try:
-        for _ in range(600):
-            if agent._handoff is not None and agent._handoffs[0] > 0:
-                break
-            assert not task.done(), task
-            await asyncio.sleep(0.05)
+    async with vm_agent(state_dir, mosquitto, vm(tmp_path / "tree"), "refresh2", measure) as (agent, task):
+        await until(task, lambda: agent._handoffs[0] > 0)
         assert agent._handoff == pytest.approx(0.1)
         cpu = float(agent._factors[0])
         assert agent.present_latency({"cpu": 10.0}, 0, 40.0) == (pytest.approx(10.0 * cpu + 4.0), "cpu")
         assert agent.present_latency({"cpu": 10.0}, 0, 0.0) == (pytest.approx(10.0 * cpu), "cpu")
-    finally:
-        agent.request_stop()
-        await asyncio.wait_for(task, 15)
