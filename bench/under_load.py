@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -158,17 +159,16 @@ def main() -> int:
     print(f"calibration: {state_dir}")
     reference = estimator.calibrations["cpu"].refresh_reference
     threads = psutil.cpu_count(logical=False) or 1
-    models = []  # (name, plan, calibrated latency at rest)
+    models = []  # (name, plan)
     for name in args.models.split(","):
         model = zoo.BY_NAME[name]
-        plan = estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")
-        models.append((name, plan, estimator.estimate(plan, device="cpu").latency_ms))
-    measure()  # create the refresh session before timing anything
-    app = App([name for name, _, _ in models])
+        models.append((name, estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")))
+    measure()  # create the refresh sessions before timing anything
+    app = App([name for name, _ in models])
 
     sampler = Sampler()
     rows = []
-    quiet: dict[str, tuple[float, float]] = {}  # model -> (speed, real) of the "0" run
+    quiet: dict[str, tuple[float, float]] = {}  # model -> (estimate, real) of the "0" run
     print(f"{'load':>5} {'busy':>5} {'runq':>5} {'P':>5} {'M':>5} {'H':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
           f"{'real ms':>8} {'err':>6} {'err P':>6} {'err M':>6} {'slowdown est/real':>18}")
     for load in args.loads.split(","):
@@ -177,7 +177,7 @@ def main() -> int:
             time.sleep(0.5)
             sampler.sample()
             time.sleep(0.5)
-            for name, plan, base in models:
+            for name, plan in models:
                 # Alternate state+measurement and real runs, so that both see the same background.
                 cycles: list[dict[str, float]] = []
                 for _ in range(args.cycles):
@@ -188,12 +188,14 @@ def main() -> int:
                     handoff = handoff_ms_per_mb(now, reference) if reference else None
                     speed = speed_from_state(state, measured, threads, measured_current=True,
                                              handoff_ms_per_mb=handoff)
-                    extra = plan.written_mb * speed.handoff_ms_per_mb
+
+                    def estimate(cpu: float) -> float:  # the estimator's, at the Speed with this multiplier
+                        return estimator.estimate(plan, device="cpu", speed=replace(speed, cpu=cpu)).latency_ms
+
                     cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
-                                   "H": speed.handoff_ms_per_mb,
-                                   "est": estimator.estimate(plan, device="cpu", speed=speed).latency_ms,
-                                   "est_p": base * speed.predicted_cpu + extra,
-                                   "est_m": base * (measured or float("nan")) + extra,
+                                   "H": speed.handoff_ms_per_mb, "est": estimate(speed.cpu),
+                                   "est_p": estimate(speed.predicted_cpu),
+                                   "est_m": estimate(measured) if measured else float("nan"),
                                    "busy": state.cpu.others_busy_cores or 0.0, "runq": state.cpu.runnable_others or 0.0,
                                    "real": app.latency_ms(name, args.seconds / args.cycles)})
                 g = {k: statistics.fmean(c[k] for c in cycles) if k in ("busy", "runq", "H")

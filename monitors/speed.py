@@ -12,10 +12,10 @@ measure one. How the two are combined (docs/device-state.md):
   than miss its frame budget on a slowdown nobody has confirmed yet;
 * a measurement taken in the present state: blended in log space with the
   prediction, weight MEASURED_WEIGHT divided by the square of the predicted
-  slowdown from time slicing, because a short probe that shares its cores with busy
-  processes reads what the scheduler gives its wake-ups: 4x where an app
-  ran 2.4x slower beside one busy process, 2.3x where it ran 5x beside
-  four, on the same machine, run after run (docs/device-state.md).
+  slowdown from time slicing, because a short probe that shares its cores
+  with busy processes reads what the scheduler gives its wake-ups: 4x where
+  an app ran 2.4x slower beside one busy process, 2.3x where it ran 5x
+  beside four, on the same machine, run after run (docs/device-state.md).
 
 Apart from that multiplier, the handoff extra: what a host whose vCPUs sit
 apart some of the time charges per MB of activations the intra-op threads
@@ -115,6 +115,12 @@ def cpu_contention(state: DeviceState, threads: int) -> tuple[float, str | None]
 
 def predict_cpu(state: DeviceState, threads: int) -> tuple[float, list[str]]:
     """Predicted CPU slowdown from signals alone, and why."""
+    factor, _, reasons = _predict_cpu(state, threads)
+    return factor, reasons
+
+
+def _predict_cpu(state: DeviceState, threads: int) -> tuple[float, float, list[str]]:
+    """Predicted CPU slowdown, the part of it from time slicing (cpu_contention), and why."""
     reasons: list[str] = []
     c, t, p = state.cpu, state.thermal, state.power
     factor = 1.0
@@ -160,7 +166,7 @@ def predict_cpu(state: DeviceState, threads: int) -> tuple[float, list[str]]:
     if m.psi_some_avg10 is not None and m.psi_some_avg10 >= 5.0:
         factor *= 1.0 + m.psi_some_avg10 / 100.0
         reasons.append(f"memory pressure {m.psi_some_avg10:.0f} %")
-    return min(factor, MAX_FACTOR), reasons
+    return min(factor, MAX_FACTOR), contention, reasons
 
 
 def predict_gpu(state: DeviceState) -> tuple[float | None, int | None, list[str]]:
@@ -237,8 +243,8 @@ def speed_from_state(
     `predicted_then`: the prediction for the state the measurement was taken in.
     `handoff_ms_per_mb`: the latest warm refresh's handoff extra, or None.
     """
-    predicted, reasons = predict_cpu(state, cores)
-    cpu = combine(predicted, measured, measured_current, predicted_then, cpu_contention(state, cores)[0])
+    predicted, contention, reasons = _predict_cpu(state, cores)
+    cpu = combine(predicted, measured, measured_current, predicted_then, contention)
     if measured is not None and measured > 1.1 and measured >= predicted:
         reasons.append(f"measured {measured:.2f}x slower than calibrated")
     handoff = handoff_ms_per_mb if handoff_ms_per_mb is not None and math.isfinite(handoff_ms_per_mb) else 0.0

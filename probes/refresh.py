@@ -125,7 +125,7 @@ def default_threads() -> int:
 
 
 class WarmRefresh:
-    """The cached probe session and its measurement."""
+    """The cached probe sessions and their measurement."""
 
     def __init__(self, threads: int | None = None, cpu_budget_s: float = CPU_BUDGET_S,
                  max_wall_s: float = MAX_WALL_S) -> None:

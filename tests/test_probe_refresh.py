@@ -1,4 +1,4 @@
-"""Warm refresh: a real onnxruntime probe, slowdown, and the refresh policy (fixture-tree states)."""
+"""Warm refresh: real onnxruntime probes, slowdown, the handoff extra, and the refresh policy (fixture-tree states)."""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
     estimator = calibration_store.load_estimator(state_dir, device=args.device, quick=True,
                                                  progress=ProgressBar("calibrating"))
-    speed = None if args.at_rest else _present_speed(estimator.calibrations["cpu"].refresh_reference
-                                                     if "cpu" in estimator.calibrations else {})
+    cpu = estimator.calibrations.get("cpu")
+    speed = None if args.at_rest else _present_speed(cpu.refresh_reference if cpu else {})
     est = estimator.estimate(graph, device=args.device, speed=speed)
     latency = est.latency_ms if math.isfinite(est.latency_ms) else None
     if args.json:
