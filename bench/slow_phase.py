@@ -20,9 +20,10 @@ its fast-phase latency.
 Each window also takes one warm refresh (probes/refresh.py) as the agent
 does, and the end of the output scores, over every window and model, the
 estimate the agent makes from it: each model's fastest window (its
-calibrated latency) x the refresh's slowdown + its MB x the refresh's
-handoff extra; against the slowdown alone (the agent before the handoff
-probe) and no correction at all.
+calibrated latency) x the refresh's slowdown, blended with the prediction
+of no slowdown as the agent blends them where nothing contends, + its MB x
+the refresh's handoff extra; against the slowdown taken whole (with and
+without the extra) and no correction at all.
 
     python -m bench.slow_phase --state-dir DIR             # 12 models, 300 s
     python -m bench.slow_phase --models squeezenet,shufflenet --seconds 60
@@ -93,16 +94,23 @@ def refresh_views(windows: list[dict[str, float]], mbytes: dict[str, float],
                   readings: list[dict[str, float]]) -> dict[str, list[float]]:
     """Each view's relative errors over every window and model, from each window's warm refresh reading
     (reference: each probe's fastest reading, as a calibration keeps; a model's calibrated latency: its
-    fastest window)."""
+    fastest window).
+
+    "the agent" is what the agent estimates on a device where no signal predicts a slowdown: the reading's
+    slowdown blended with the prediction of 1.0 (monitors/speed.py: combine), plus the handoff extra."""
+    from monitors.speed import combine
     from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, slowdown
 
     reference = {key: min(r[key] for r in readings) for key in (LOCKSTEP_KEY, HANDOFF_KEY)}
     fastest = {m: min(w[m] for w in windows) for m in mbytes}
-    views: dict[str, list[float]] = {"slowdown + handoff extra": [], "slowdown alone": [], "no correction": []}
+    views: dict[str, list[float]] = {"the agent (blend + extra)": [], "slowdown + handoff extra": [],
+                                     "slowdown alone": [], "no correction": []}
     for window, reading in zip(windows, readings):
         ratio, extra = slowdown(reading, reference) or 1.0, handoff_ms_per_mb(reading, reference) or 0.0
+        blended = combine(1.0, ratio, measured_current=True)
         for m, mb in mbytes.items():
             real = window[m]
+            views["the agent (blend + extra)"].append((fastest[m] * blended + mb * extra) / real - 1)
             views["slowdown + handoff extra"].append((fastest[m] * ratio + mb * extra) / real - 1)
             views["slowdown alone"].append(fastest[m] * ratio / real - 1)
             views["no correction"].append(fastest[m] / real - 1)

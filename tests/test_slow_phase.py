@@ -37,3 +37,17 @@ def test_refresh_views_score_the_handoff_extra_against_the_slowdown_alone() -> N
     assert views["slowdown + handoff extra"] == pytest.approx([0.0, 0.0, 0.0, 0.0], abs=1e-9)
     assert views["slowdown alone"] == pytest.approx([0.0, 0.0, 4.0 / 6.0 - 1, 10.0 / 10.1 - 1])
     assert views["no correction"] == views["slowdown alone"]
+    assert views["the agent (blend + extra)"] == views["slowdown + handoff extra"]  # the probe read 1.0: no blend
+
+
+def test_refresh_views_blend_a_measured_slowdown_as_the_agent_does() -> None:
+    """With no signal predicting it, the agent takes a measured 1.44x slowdown at MEASURED_WEIGHT in log space."""
+    from monitors.speed import MEASURED_WEIGHT
+    from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY
+
+    windows = [{"m": 10.0}, {"m": 14.4}]
+    readings = [{LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 1e-3}, {LOCKSTEP_KEY: 1.44e-3, HANDOFF_KEY: 1.44e-3}]
+    views = refresh_views(windows, {"m": 1.0}, readings)
+    assert views["slowdown + handoff extra"] == pytest.approx([0.0, 0.0])
+    assert views["the agent (blend + extra)"] == pytest.approx([0.0, 10.0 * 1.44 ** MEASURED_WEIGHT / 14.4 - 1])
+    assert views["the agent (blend + extra)"][1] < -0.05  # not the measurement taken whole
