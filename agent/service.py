@@ -97,6 +97,7 @@ class Agent:
         self._refresh_policy: Any = None
         self._measured: float | None = None
         self._measured_predicted: float | None = None  # the prediction when _measured was taken
+        self._measured_contention = 1.0  # ... and its share from time slicing (monitors.speed.cpu_contention)
         self._handoff: float | None = None  # the latest warm refresh's handoff extra, ms per MB written
         self._refresh_busy = False  # a warm refresh is due, running, or its measurement not yet taken
         # slowdown, handoff extra, at, CPU s
@@ -328,13 +329,14 @@ class Agent:
         """A warm refresh's slowdown, paired with the first sample taken after it: that sample's
         interval holds the refresh, so both describe the same load (the sample before it may
         predate a load that had just started or stopped)."""
-        from monitors.speed import predict_cpu
+        from monitors.speed import cpu_contention, predict_cpu
 
         self._pending_measurement = None
         self._refresh_busy = False
         self._refresh_policy.refreshed(state, at, cpu_s)
         self._measured, self._handoff = measured, handoff
         self._measured_predicted = predict_cpu(state, self._cores)[0]
+        self._measured_contention = cpu_contention(state, self._cores)[0]
 
     async def _tick_task(self) -> None:
         """Run-queue snapshots between samples (Sampler.tick), TICKS_PER_SAMPLE per interval: on the
@@ -356,7 +358,8 @@ class Agent:
             return
         current = bool(self._refresh_policy and self._refresh_policy.measurement_current())
         speed = speed_from_state(state, self._measured, self._cores, measured_current=current,
-                                 predicted_then=self._measured_predicted, handoff_ms_per_mb=self._handoff)
+                                 predicted_then=self._measured_predicted, contention_then=self._measured_contention,
+                                 handoff_ms_per_mb=self._handoff)
         self._factors = np.array([speed.cpu, math.inf if speed.gpu is None else speed.gpu])
         self._handoffs = np.array([speed.handoff_ms_per_mb, 0.0])
         self._gpu_free = speed.gpu_free_bytes

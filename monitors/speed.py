@@ -6,10 +6,11 @@ measure one. How the two are combined (docs/device-state.md):
 
 * no measurement: the prediction;
 * a measurement older than the last marked state change: carried over to the
-  present state (the present prediction times the measurement's correction to
-  the prediction of its time, faded as that slowdown goes away), then
-  the slower of the two, because an app would rather fall back to the cloud
-  than miss its frame budget on a slowdown nobody has confirmed yet;
+  present state (the present prediction times the correction the agent made
+  to the prediction of the measurement's time, faded as that slowdown goes
+  away), then the slower of the two, because an app would rather fall back
+  to the cloud than miss its frame budget on a slowdown nobody has
+  confirmed yet;
 * a measurement taken in the present state: blended in log space with the
   prediction, weight MEASURED_WEIGHT divided by the square of the predicted
   slowdown from time slicing, because a short probe that shares its cores
@@ -204,34 +205,43 @@ def carried_correction(ratio: float, predicted: float, predicted_then: float) ->
     return ratio ** left
 
 
+def blend(predicted: float, measured: float, contention: float = 1.0) -> float:
+    """A measurement taken in the present state, weighed against the prediction in log space:
+    MEASURED_WEIGHT / `contention` squared (`contention`: the predicted slowdown from time slicing
+    alone, cpu_contention), because sharing cores with busy processes, the short probe's reading
+    depends on where the scheduler puts its wake-ups, not only on the load (docs/device-state.md)."""
+    weight = MEASURED_WEIGHT / max(1.0, contention) ** 2
+    return math.exp(weight * math.log(measured) + (1 - weight) * math.log(predicted))
+
+
 def combine(predicted: float, measured: float | None, measured_current: bool,
-            predicted_then: float | None = None, contention: float = 1.0) -> float:
+            predicted_then: float | None = None, contention: float = 1.0, contention_then: float = 1.0) -> float:
     """The rule of the module docstring; see docs/device-state.md.
 
-    A measurement older than the last marked change is first carried over to the present
-    state: the present prediction times the measurement's correction to the prediction of its
-    time (`predicted_then`), faded as the slowdown it corrected goes away (carried_correction).
-    The measurement sizes the slowdown, the signals tell how it changed; so a load that stops is
-    believed at the next sample, not at the next warm refresh.
+    A current measurement is blended with the prediction (blend).
 
-    A current measurement weighs MEASURED_WEIGHT / `contention` squared (`contention`: the predicted
-    slowdown from time slicing alone, cpu_contention): sharing cores with busy processes, the short
-    probe's reading depends on where the scheduler puts its wake-ups, not only on the load
-    (docs/device-state.md).
+    A measurement older than the last marked change is first carried over to the present
+    state: the present prediction times the correction the agent made to the prediction of the
+    measurement's time (the blend then over `predicted_then`, with `contention_then`), faded as
+    the slowdown it corrected goes away (carried_correction). The measurement sizes the slowdown,
+    the signals tell how it changed; so a load that stops is believed at the next sample, not at
+    the next warm refresh. Carrying the blend and not the raw reading keeps the multiplier
+    continuous across a change: a reading of 1.47x that the agent took as 1.21x stays 1.21x when
+    a short burst of load comes and goes, rather than jumping to 1.47x until the next refresh.
     """
     if measured is None or not math.isfinite(measured) or measured <= 0:
         return predicted
     if not measured_current:
         if predicted_then and predicted_then > 0:
-            measured = predicted * carried_correction(measured / predicted_then, predicted, predicted_then)
+            correction = blend(predicted_then, measured, contention_then) / predicted_then
+            measured = predicted * carried_correction(correction, predicted, predicted_then)
         return max(predicted, measured)
-    weight = MEASURED_WEIGHT / max(1.0, contention) ** 2
-    return math.exp(weight * math.log(measured) + (1 - weight) * math.log(predicted))
+    return blend(predicted, measured, contention)
 
 
 def speed_from_state(
     state: DeviceState, measured: float | None, cores: int, *, measured_current: bool = False,
-    predicted_then: float | None = None, handoff_ms_per_mb: float | None = None,
+    predicted_then: float | None = None, contention_then: float = 1.0, handoff_ms_per_mb: float | None = None,
 ) -> Speed:
     """Present speed of this device.
 
@@ -240,11 +250,12 @@ def speed_from_state(
     `measured_current`: the measurement was taken after the last marked state
     change (RefreshPolicy.measurement_current()); when False, a slowdown the
     signals predict wins over an older, faster measurement.
-    `predicted_then`: the prediction for the state the measurement was taken in.
+    `predicted_then`, `contention_then`: the prediction and its share from time slicing
+    (cpu_contention) for the state the measurement was taken in.
     `handoff_ms_per_mb`: the latest warm refresh's handoff extra, or None.
     """
     predicted, contention, reasons = _predict_cpu(state, cores)
-    cpu = combine(predicted, measured, measured_current, predicted_then, contention)
+    cpu = combine(predicted, measured, measured_current, predicted_then, contention, contention_then)
     if measured is not None and measured > 1.1 and measured >= predicted:
         reasons.append(f"measured {measured:.2f}x slower than calibrated")
     handoff = handoff_ms_per_mb if handoff_ms_per_mb is not None and math.isfinite(handoff_ms_per_mb) else 0.0

@@ -51,7 +51,7 @@ async def until(task: asyncio.Task, condition) -> None:
 async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pairs_it_with_the_next_sample(
         state_dir, mosquitto, tmp_path):  # noqa: F811
     from agent.calibration_store import load as load_calibration
-    from monitors.speed import predict_cpu
+    from monitors.speed import cpu_contention, predict_cpu
 
     reference = load_calibration(state_dir, "cpu").refresh_reference
     calls: list[float] = []
@@ -71,6 +71,9 @@ async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pa
         # paired with a sample taken after the refresh began: the loaded prediction, not the quiet one
         assert agent._measured_predicted > 2.0
         assert agent._measured_predicted == pytest.approx(predict_cpu(agent._last_state, agent._cores)[0])
+        # ... and its share from time slicing, which a later state change carries the measurement over with
+        assert agent._measured_contention > 2.0
+        assert agent._measured_contention == pytest.approx(cpu_contention(agent._last_state, agent._cores)[0])
         await asyncio.sleep(1.0)  # ten more samples; the policy's 2 s gap has not passed
         assert len(calls) == 1, calls  # samples during the 0.5 s refresh did not queue another
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from nvml_standin import NvmlStandin, StandinGpu
 from sysfs_trees import desktop, laptop, server, vm
 
-from monitors.speed import (MAX_HANDOFF_MS_PER_MB, POWER_SAVING_FACTOR, UNSIZED_THROTTLING_FACTOR, Speed, combine,
-                            contention_factor, lockstep_penalty, speed_from_state)
+from monitors.speed import (MAX_HANDOFF_MS_PER_MB, POWER_SAVING_FACTOR, UNSIZED_THROTTLING_FACTOR, Speed, blend,
+                            combine, contention_factor, lockstep_penalty, speed_from_state)
 from probes.state import Sampler
 
 
@@ -226,21 +226,42 @@ _VM_STATE = _vm_state()
 
 
 def test_stale_measurement_is_carried_over_by_how_the_prediction_moved():
-    # measured 3.5x slower under load the signals put at 3.2x; now the signals say 1.1x: the load has
-    # gone, believed at once rather than at the next warm refresh
-    # (its 9 % correction fading with the 3.2x slowdown it corrected: 1.1 is log 1.1 / log 3.2 of it)
-    assert combine(1.1, 3.5, measured_current=False, predicted_then=3.2) == pytest.approx(
-        1.1 * (3.5 / 3.2) ** (math.log(1.1) / math.log(3.2)))
-    assert combine(1.0, 7.0, measured_current=False, predicted_then=3.0) == pytest.approx(1.0)  # all gone
-    assert combine(4.0, 4.5, measured_current=False, predicted_then=3.0) == pytest.approx(6.0)  # more load: kept
-    # measured 1.5x where the signals saw nothing (say, throttling they miss): kept through changes
-    assert combine(1.05, 1.5, measured_current=False, predicted_then=1.0) == pytest.approx(1.575)
+    # measured 3.5x under load the signals put at 3.2x, all of it time slicing: the agent took it as
+    # blend(3.2, 3.5, 3.2) then. Now the signals say 1.1x: the load has gone, believed at once rather
+    # than at the next warm refresh (the correction fading with the 3.2x slowdown it corrected: 1.1 is
+    # log 1.1 / log 3.2 of it)
+    then = blend(3.2, 3.5, contention=3.2)
+    assert combine(1.1, 3.5, measured_current=False, predicted_then=3.2, contention_then=3.2) == pytest.approx(
+        1.1 * (then / 3.2) ** (math.log(1.1) / math.log(3.2)))
+    assert combine(1.0, 7.0, measured_current=False, predicted_then=3.0, contention_then=3.0) == pytest.approx(1.0)
+    # more load: the correction kept
+    assert combine(4.0, 4.5, measured_current=False, predicted_then=3.0, contention_then=3.0) == pytest.approx(
+        4.0 * blend(3.0, 4.5, contention=3.0) / 3.0)
+    # measured 1.5x where the signals saw nothing (say, throttling they miss): what the agent made of it
+    # (the square root, nothing contending) is kept through changes
+    assert combine(1.05, 1.5, measured_current=False, predicted_then=1.0) == pytest.approx(1.05 * math.sqrt(1.5))
     # measured quiet (1.0 at 1.0); load arrives (3.2): the prediction is believed at once too
     assert combine(3.2, 1.0, measured_current=False, predicted_then=1.0) == pytest.approx(3.2)
-    # the measurement saw more than the signals: that surplus is kept through the change
-    assert combine(2.0, 3.0, measured_current=False, predicted_then=2.0) == pytest.approx(3.0)
+    # the measurement saw more than the signals: the surplus the agent believed is kept through the change
+    assert combine(2.0, 3.0, measured_current=False, predicted_then=2.0) == pytest.approx(math.sqrt(6.0))
     # without the prediction of the time: the slower of the two, as before
     assert combine(1.1, 3.5, measured_current=False) == pytest.approx(3.5)
+
+
+def test_a_carried_measurement_continues_the_multiplier_the_agent_had():
+    """No jump at a marked change: where the prediction has not moved, the carried measurement gives what
+    the agent had before the change (or the prediction, where that is slower)."""
+    for predicted, measured, contention in ((1.0, 1.47, 1.0), (1.3, 2.0, 1.0), (2.4, 3.7, 2.4), (4.8, 2.3, 4.8)):
+        current = combine(predicted, measured, measured_current=True, contention=contention)
+        carried = combine(predicted, measured, measured_current=False, predicted_then=predicted,
+                          contention_then=contention)
+        assert carried == pytest.approx(max(predicted, current))
+    # a burst of load that came and went at rest (a client starting up): the 1.47x reading stays the agent's
+    # 1.21x, not 1.47x until the next warm refresh
+    assert combine(1.0, 1.47, measured_current=False, predicted_then=1.0) == pytest.approx(1.2124, abs=1e-4)
+    # one busy process, the probe over-reading it (3.7x at 2.4x): when the load grows to 4.8x the estimate
+    # grows with it, and not by the probe's 1.54x surplus that the agent had weighed at 9 %
+    assert combine(4.8, 3.7, measured_current=False, predicted_then=2.4, contention_then=2.4) < 4.8 * 1.05
 
 
 def test_straggler_penalty_needs_cores_really_kept_busy_not_a_runnable_snapshot():
