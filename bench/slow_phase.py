@@ -97,8 +97,8 @@ def refresh_views(windows: list[dict[str, float]], mbytes: dict[str, float],
     fastest window).
 
     "the agent" is what the agent estimates on a device where no signal predicts a slowdown: the reading's
-    slowdown blended with the prediction of 1.0 (monitors/speed.py: combine), plus the handoff extra."""
-    from monitors.speed import combine
+    slowdown blended with the prediction of 1.0 (monitors/speed.py: blend), plus the handoff extra."""
+    from monitors.speed import blend
     from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, slowdown
 
     reference = {key: min(r[key] for r in readings) for key in (LOCKSTEP_KEY, HANDOFF_KEY)}
@@ -107,7 +107,7 @@ def refresh_views(windows: list[dict[str, float]], mbytes: dict[str, float],
                                      "slowdown alone": [], "no correction": []}
     for window, reading in zip(windows, readings):
         ratio, extra = slowdown(reading, reference) or 1.0, handoff_ms_per_mb(reading, reference) or 0.0
-        blended = combine(1.0, ratio, measured_current=True)
+        blended = blend(1.0, ratio)
         for m, mb in mbytes.items():
             real = window[m]
             views["the agent (blend + extra)"].append((fastest[m] * blended + mb * extra) / real - 1)
