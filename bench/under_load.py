@@ -73,13 +73,13 @@ import statistics, sys, time
 import onnxruntime as ort
 sys.path.insert(0, sys.argv[1])
 from bench import zoo
-from bench.groundtruth import _feeds
+from bench.groundtruth import _feeds, _plain_inputs
 
 sessions = {}
 for name in sys.argv[2].split(","):
     model = zoo.BY_NAME[name]
     session = ort.InferenceSession(str(model.path()), providers=["CPUExecutionProvider"])
-    feeds = _feeds(session, {k: (list(v.shape), v.dtype) for k, v in model.inputs.items()})
+    feeds = _feeds(session, _plain_inputs(model.inputs))
     session.run(None, feeds)
     sessions[name] = (session, feeds)
 WARM_UP_S = float(sys.argv[3])
