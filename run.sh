@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/bootstrap.sh
 scripts/ensure-mosquitto.sh
-exec .venv/bin/daop-agent run --local-broker --state-dir "${DAOP_STATE_DIR:-$PWD/state}" "$@"
+exec .venv/bin/daop-agent run --local-broker "$@"  # state: $DAOP_STATE_DIR, else ~/.local/state/daop-agent

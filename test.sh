@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/bootstrap.sh test
 scripts/ensure-mosquitto.sh
+scripts/ensure-rabbitmq.sh || [ "${CI:-}" != 1 ]  # outside CI the cluster tests skip without it
+scripts/ensure-browser.sh
 exec .venv/bin/python -m pytest "$@"

@@ -14,17 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import functools
 import logging
+import math
 import multiprocessing
 import os
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from agent.progress import LogProgress
 from monitors.errors import BadInput, LimitExceeded
-from monitors.graph import InputSpec
-from monitors.limits import Limits
+from monitors.graphs.graph import InputSpec
+from monitors.graphs.limits import Limits
+from monitors.pricing.costmodel import CostModel
+from monitors.pricing.generation import GenerationSpec
+from monitors.pricing.kernels import Plan
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +45,12 @@ log = logging.getLogger(__name__)
 class Analysis:
     plans: dict[str, str]       # device -> Plan.to_json(): what a monitor keeps on disk
     base_ms: dict[str, float]   # device -> calibrated latency on the quiet device
-    memory_bytes: int           # weights + peak activations: must fit in a GPU's free memory
+    memory_bytes: int           # weights + peak activations (+ KV cache): must fit in the memory free now
     written_mb: float = 0.0     # activations the CPU plan writes per inference (the handoff extra's bytes)
+    # A generation's phases, by device, at rest: (time to first token, time per output token) in ms, and
+    # the MB the prefill and one decode step write on the CPU; empty for one inference.
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
+    phase_written_mb: tuple[float, float] = (0.0, 0.0)
 
 
 class EngineError(Exception):
@@ -44,18 +60,72 @@ class EngineError(Exception):
 # -- worker side (runs in the pool's processes) -------------------------------------
 
 _ESTIMATOR: Any = None
+PR_SET_PDEATHSIG = 1
+PARENT_WATCH_S = 1.0
 
 
-def _init_worker(state_dir: str) -> None:
+def die_with_agent(agent_pid: int) -> None:
+    """In a helper process: die with the agent, even when it is killed with SIGKILL outside systemd.
+
+    PR_SET_PDEATHSIG fires when this process's parent (the forkserver, itself gone with the agent) dies; a thread
+    that watches the agent's pid is the fallback where prctl is missing or the parent outlives the agent."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_WATCH_S)
+            if os.getppid() != parent or not os.path.exists(f"/proc/{agent_pid}"):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def memory_ceiling(memory_mb: int) -> None:
+    """This process's address space capped at `memory_mb` (never above a hard limit already set): a request that
+    needs more fails in the worker with MemoryError (or kills it), never the agent."""
+    limit = memory_mb << 20
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _init_worker(state_dir: str, agent_pid: int, memory_mb: int | None) -> None:
     global _ESTIMATOR
-    from monitors.estimator import Estimator
+    from agent import calibration_store  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
-    _ESTIMATOR = Estimator.load(Path(state_dir), device="auto", announce=None)
+    die_with_agent(agent_pid)  # the estimator loads unbounded (trusted, the device's own), then the ceiling
+    _ESTIMATOR = calibration_store.load_estimator(Path(state_dir), device="auto", announce=None)
+    if memory_mb is not None:
+        memory_ceiling(memory_mb)
 
 
-def _analyse(fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits) -> Analysis:
-    from monitors.importer import load_graph
+def _init_aside(agent_pid: int) -> None:
+    die_with_agent(agent_pid)
 
+
+def _out_of_memory(what: str) -> LimitExceeded:
+    return LimitExceeded(f"{what} needs more memory than the agent gives one worker (limits.worker_memory_mb)")
+
+
+def _analyse(fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits,
+             generation: GenerationSpec | None = None) -> Analysis:
+    try:
+        return _analyse_unbounded(fmt, source, inputs, limits, generation)
+    except MemoryError:
+        raise _out_of_memory("estimating this graph") from None
+
+
+def _analyse_unbounded(fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits,
+                       generation: GenerationSpec | None = None) -> Analysis:
+    from monitors.graphs.importer import load_graph  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
+
+    if generation is not None:
+        return _analyse_generation(fmt, source, limits, generation)
     graph = load_graph(source, fmt=fmt, inputs=inputs or None, limits=limits)
     plans, base, memory, written = {}, {}, 0, 0.0
     for device in _ESTIMATOR.devices:
@@ -68,13 +138,39 @@ def _analyse(fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits
     return Analysis(plans, base, memory, written)
 
 
+def _ms(costs: CostModel, plan: Plan) -> float:
+    return 1000.0 * costs.seconds(plan)
+
+
+def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationSpec) -> Analysis:
+    """A generation's plans by device: the whole at rest is what monitors keep, its phases what `estimate` tells."""
+    from monitors.graphs.importer import load_decoder  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
+    from monitors.pricing.generation import generation_times  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
+
+    model = load_decoder(source, fmt=fmt, limits=limits)
+    plans, base, phases, memory = {}, {}, {}, 0
+    written, phase_written = 0.0, (0.0, 0.0)
+    for device in _ESTIMATOR.devices:
+        plan = _ESTIMATOR.plan_generation(model.decoder, spec, model.graph, device)
+        times = generation_times(plan, functools.partial(_ms, _ESTIMATOR.models[device]))
+        plans[device] = plan.to_json()
+        base[device] = times.total_ms
+        phases[device] = (times.ttft_ms, times.tpot_ms)
+        memory = max(memory, plan.memory_bytes)
+        if device == "cpu":
+            steps = sum(w for _, w, _ in plan.decode)
+            written = plan.written_mb
+            phase_written = (plan.prefill.written_mb, (written - plan.prefill.written_mb) / steps if steps else 0.0)
+    return Analysis(plans, base, memory, written, phases, phase_written)
+
+
 def _rebase(plans: list[dict[str, str]]) -> list[dict[str, float]]:
     """Calibrated latencies again for stored plans (the calibration may have been redone)."""
-    from monitors.kernels import Plan
+    from monitors.pricing.generation import plan_from_json  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
 
     out = []
     for by_device in plans:
-        out.append({device: float(_ESTIMATOR.base_latency_ms(Plan.from_json(text), device))
+        out.append({device: float(_ESTIMATOR.base_latency_ms(plan_from_json(text), device))
                     for device, text in by_device.items() if device in _ESTIMATOR.devices})
     return out
 
@@ -84,25 +180,28 @@ def _ping() -> tuple[str, ...]:
 
 
 def ensure_calibrated(state_dir: Path, quick: bool) -> tuple[str, ...]:
-    """Load (and, the first time, run) the calibrations; done once before the workers start."""
-    from monitors.estimator import Estimator
+    """Load (and, the first time, run) the calibrations, saying how far in the log; done once before the workers
+    start."""
+    from agent import calibration_store  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
-    return Estimator.load(Path(state_dir), device="auto", quick=quick).devices
+    progress = LogProgress(f"no calibration yet: calibrating{' (quick)' if quick else ''}")
+    return calibration_store.load_estimator(Path(state_dir), device="auto", quick=quick, progress=progress,
+                                            announce=None).devices
 
 
 def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
     """The devices whose saved calibration is quick (`daop-agent estimate` makes quick ones)."""
-    from agent.calibration_store import load
-    from monitors.estimator import DEVICES
+    from agent.calibration_store import load  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
+    from monitors.devices import DEVICES  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
     return tuple(d for d in DEVICES if (cal := load(state_dir, d)) is not None and cal.quick)
 
 
 def run_full_calibrations(state_dir: Path, devices: tuple[str, ...]) -> None:
-    from agent.calibration_store import run_calibration
+    from agent.calibration_store import run_calibration  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
     for device in devices:
-        run_calibration(state_dir, device, quick=False)
+        run_calibration(state_dir, device, quick=False, progress=LogProgress(f"calibrating {device} in full"))
 
 
 # -- agent side ---------------------------------------------------------------------
@@ -111,8 +210,10 @@ def run_full_calibrations(state_dir: Path, devices: tuple[str, ...]) -> None:
 class AnalysisPool:
     """Worker processes that import and plan graphs, each call bounded in time."""
 
-    def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0, quick: bool = False) -> None:
+    def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0, quick: bool = False,
+                 memory_mb: int | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.memory_mb = memory_mb  # each worker's address space (RLIMIT_AS), None: unbounded
         self.devices: tuple[str, ...] = ()
         self.workers = workers
         self.timeout_s = timeout_s
@@ -121,15 +222,25 @@ class AnalysisPool:
         self._aside: concurrent.futures.ProcessPoolExecutor | None = None  # a calibration's own process
         self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        # The agent's own work, which the present speed must not read as load: calls under way in the
+        # workers, a calibration under way, when the last one ended, and a count that moves whenever work
+        # starts or ends (a warm refresh that saw it move overlapped the agent's own work).
+        self._in_flight = 0
+        self.calibrating = False
+        self.calibration_ended_at = -math.inf
+        self.work_marker = 0
 
     def _new_pool(self, workers: int | None = None, init: bool = True) -> concurrent.futures.ProcessPoolExecutor:
         # forkserver: workers are forked from a clean process, not from this
         # one with its event loop and threads.
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["agent.analysis", "monitors.importer", "monitors.estimator"])
-        return concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers or self.workers, mp_context=ctx, initializer=_init_worker if init else None,
-            initargs=(str(self.state_dir),) if init else ())
+        ctx.set_forkserver_preload(["agent.analysis", "monitors.graphs.importer", "monitors.pricing.estimator"])
+        if init:
+            return concurrent.futures.ProcessPoolExecutor(
+                max_workers=workers or self.workers, mp_context=ctx, initializer=_init_worker,
+                initargs=(str(self.state_dir), os.getpid(), self.memory_mb))
+        return concurrent.futures.ProcessPoolExecutor(max_workers=workers or self.workers, mp_context=ctx,
+                                                      initializer=_init_aside, initargs=(os.getpid(),))
 
     async def start(self) -> None:
         """Calibrate if needed, then start the workers."""
@@ -152,15 +263,30 @@ class AnalysisPool:
             self._ready.set()  # (a restart meanwhile waits on `old`'s readiness, which no longer counts)
         return redone
 
+    @property
+    def busy(self) -> bool:
+        """The agent's own heavy work is under way: a calibration, or calls in the workers."""
+        return self.calibrating or self._in_flight > 0
+
+    def calibrated_since(self, t: float) -> bool:
+        """A calibration ran at some time after monotonic `t`: a sample over that time read the agent's
+        own work, not the device's load."""
+        return self.calibrating or self.calibration_ended_at >= t
+
     async def _aside_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn` in a process of its own (calibration: a minute of CPU), killed when the call is
         cancelled (the agent stops) or by close()."""
         pool = self._aside = self._new_pool(workers=1, init=False)
+        self.calibrating = True
+        self.work_marker += 1
         try:
             return await asyncio.wrap_future(pool.submit(fn, *args))
         finally:
             self._aside = None
             _kill(pool)
+            self.calibrating = False
+            self.calibration_ended_at = time.monotonic()
+            self.work_marker += 1
 
     async def _warm(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
         """Wait for fresh workers to load the estimator before timing requests again."""
@@ -181,14 +307,28 @@ class AnalysisPool:
         except TimeoutError:
             raise BadInput("the agent is still calibrating; try again shortly", "not_ready") from None
 
-    async def analyse(self, fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits) -> Analysis:
-        return await self._call(_analyse, fmt, source, inputs, limits)
+    async def analyse(self, fmt: str, source: Any, inputs: dict[str, InputSpec], limits: Limits,
+                      generation: GenerationSpec | None = None) -> Analysis:
+        return await self._call(_analyse, fmt, source, inputs, limits, generation)
+
+    async def parse(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A large request's payload read in a worker (JSON, base64: seconds of CPU and many times its size in
+        memory), under the worker's memory ceiling and time limit, so the event loop keeps serving."""
+        return await self._call(fn, *args)
 
     async def rebase(self, plans: list[dict[str, str]]) -> list[dict[str, float]]:
         return await self._call(_rebase, plans, timeout_s=max(self.timeout_s, 0.01 * len(plans)))
 
     async def _call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
-        timeout_s = timeout_s or self.timeout_s
+        self._in_flight += 1
+        self.work_marker += 1
+        try:
+            return await self._call_bounded(fn, *args, timeout_s=timeout_s or self.timeout_s)
+        finally:
+            self._in_flight -= 1
+            self.work_marker += 1
+
+    async def _call_bounded(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         for attempt in range(2):
             await self._ready.wait()  # after a restart: until the new workers are up, untimed
             pool = self._pool
@@ -204,10 +344,11 @@ class AnalysisPool:
                 # a worker died (killed for another request's timeout, or out of memory): retry once
                 self._restart(pool, "a worker died")
                 if attempt:
-                    raise EngineError("the estimator's worker died twice on this request") from None
+                    raise LimitExceeded("the worker estimating this request died twice (most likely it needed more "
+                                        "memory than limits.worker_memory_mb)") from None
             except BadInput:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a bug in the estimator must not stop the agent
+            except Exception as exc:
                 log.exception("estimator failed")
                 raise EngineError(f"the estimator failed: {type(exc).__name__}: {exc}") from None
         raise EngineError("unreachable")

@@ -8,9 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from monitors.calibration import Calibration
 from monitors.errors import BadInput
-from monitors.estimator import Estimator
+from monitors.pricing.estimator import Estimator
+from probes.calibration import Calibration
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +21,14 @@ def calibration_path(state_dir: str | os.PathLike, device: str) -> Path:
 
 def gpu_available() -> bool:
     """onnxruntime can run on a GPU here: its CUDA provider is installed."""
-    import onnxruntime as ort
+    from probes import providers  # noqa: PLC0415 - loads onnxruntime: only where a calibration is made or checked
 
-    return "CUDAExecutionProvider" in ort.get_available_providers()
+    return "CUDAExecutionProvider" in providers.installed()
 
 
 def load(state_dir: str | os.PathLike, device: str) -> Calibration | None:
     """The saved calibration if it is readable and still matches this device; else None."""
-    from probes.microbench import fingerprint
+    from probes.microbench import fingerprint  # noqa: PLC0415 - loads onnxruntime: only where a calibration is made or checked
 
     path = calibration_path(state_dir, device)
     try:
@@ -67,7 +67,7 @@ def save(state_dir: str | os.PathLike, cal: Calibration) -> Path:
 
 def run_calibration(state_dir: str | os.PathLike, device: str = "cpu", quick: bool = False,
                     progress=None) -> Calibration:
-    from probes import microbench
+    from probes import microbench  # noqa: PLC0415 - loads onnxruntime: only where a calibration is made or checked
 
     if device == "gpu" and not gpu_available():
         raise BadInput("no GPU: onnxruntime's CUDA execution provider is not available on this device")

@@ -7,20 +7,22 @@ typo in the unit's config file never turns into a crash loop of tracebacks.
 from __future__ import annotations
 
 import os
-import re
-import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
-from urllib.parse import unquote, urlsplit
+from typing import Any
 
+import daop_client.address
+from daop_client.address import default_device_id  # one rule for the agent and its clients
 from monitors.errors import BadInput
-from monitors.limits import Limits
-from monitors.monitor import MonitorRules
+from monitors.graphs.limits import Limits
+from monitors.privacy import PrivacyRules
+from monitors.table import MonitorRules
 
-DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MiB = 1 << 20
+PROTOCOLS = ("5", "3.1.1")  # the MQTT versions the agent speaks
+MAX_BROKERS = 16  # broker URLs to fail over between
 CALIBRATIONS = ("full", "quick")  # full: a quick calibration found at start is redone in full, in the background
 
 
@@ -36,6 +38,8 @@ class Broker:
     key_file: str | None = None
     client_id: str | None = None  # default: daop-agent-<device_id>
     keepalive_s: int = 30
+    protocol: str = "5"  # one of PROTOCOLS; "3.1.1" for brokers without v5 (RabbitMQ 3.x)
+    session_expiry_s: int = 0  # 0: a clean session each connect; above 0: the broker keeps it (docs/fleet.md)
 
     @property
     def url(self) -> str:
@@ -62,13 +66,53 @@ class AgentLimits:
     max_request_bytes: int = 16 * MiB
     estimate_timeout_s: float = 20.0
     graph: Limits = field(default_factory=Limits)
+    # Bytes of requests held at once (queued and being parsed); beyond it a request is answered `busy` at once.
+    # Default: the larger of 64 MiB and two requests of max_request_bytes.
+    max_pending_bytes: int = 64 * MiB
+    # Address space (RLIMIT_AS) of each helper process that reads a request's payload or graph: a hostile graph
+    # fails there, with an error answer, instead of taking the device's memory.
+    worker_memory_mb: int = 1024
+
+
+@dataclass(frozen=True)
+class HomeAssistantSettings:
+    """Home Assistant MQTT discovery (agent/homeassistant.py)."""
+
+    enabled: bool = False
+    discovery_prefix: str = "homeassistant"
+
+    @property
+    def status_topic(self) -> str:
+        """Where Home Assistant says `online` when it (re)starts: the cue to announce again."""
+        return f"{self.discovery_prefix}/status"
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus endpoint (agent/metrics.py)."""
+
+    port: int = 0  # 0: no metrics endpoint
+    address: str = "127.0.0.1"
+    device_state: bool = False  # also the device's slow-down, temperature, battery and load (they fingerprint)
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """What one client may learn by asking (docs/security.md "Probing"): the rules on what it is shown
+    (monitors/privacy.py) and its request budget (agent/ratelimit.py)."""
+
+    enabled: bool = True
+    rules: PrivacyRules = field(default_factory=PrivacyRules)
+    burst: int = 240  # requests answered with a tier or a boolean, at once, per client
+    per_minute: float = 30.0  # ... and refilled at this rate
+    max_clients: int = 10_000  # budgets kept; beyond, the longest unseen client's is forgotten
 
 
 @dataclass(frozen=True)
 class Config:
     device_id: str
     state_dir: Path
-    broker: Broker = field(default_factory=Broker)
+    brokers: tuple[Broker, ...] = (Broker(),)  # tried in turn: the next one after a loss (a cluster's nodes)
     sample_interval_s: float = 1.0
     refresh_interval_s: float = 60.0
     sysfs_root: Path = Path("/sys")
@@ -78,7 +122,16 @@ class Config:
     limits: AgentLimits = field(default_factory=AgentLimits)
     policy: Policy = field(default_factory=Policy)
     local_broker: bool = False
+    web_port: int | None = None  # the local broker's WebSockets port; None: its MQTT port + 1; 0: none
     calibration: str = "full"  # one of CALIBRATIONS
+    homeassistant: HomeAssistantSettings = field(default_factory=HomeAssistantSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
+
+    @property
+    def broker(self) -> Broker:
+        """The first broker: the one tried first."""
+        return self.brokers[0]
 
     @property
     def client_id(self) -> str:
@@ -89,49 +142,55 @@ class Config:
         return f"daop/{self.device_id}/"
 
 
-def default_device_id() -> str:
-    """The hostname, reduced to the characters a topic level may use here."""
-    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64].strip("-")
-    return name or "device"
+PASSWORD_CREDENTIAL = "broker-password"  # systemd's LoadCredential= name for the broker password
+
+
+STATE_DIR_HELP = "default: $DAOP_STATE_DIR, else $STATE_DIRECTORY (systemd), else ~/.local/state/daop-agent"
 
 
 def default_state_dir() -> Path:
-    """systemd's $STATE_DIRECTORY, else the XDG state home."""
+    """The one default of every command: $DAOP_STATE_DIR, else systemd's $STATE_DIRECTORY, else the XDG state
+    home."""
+    if os.environ.get("DAOP_STATE_DIR"):
+        return Path(os.environ["DAOP_STATE_DIR"])
     if os.environ.get("STATE_DIRECTORY"):
         return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
     return Path(base) / "daop-agent"
 
 
+def credential(name: str) -> str | None:
+    """A credential systemd passed (LoadCredential=, SetCredential=) in $CREDENTIALS_DIRECTORY; None without
+    one. An empty one (the unit's SetCredential= default, where no file was there to load) is none too."""
+    folder = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    path = Path(folder) / name
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BadInput(f"cannot read credential {path}: {exc.strerror or exc}") from None
+    return value or None
+
+
 def check_device_id(value: Any) -> str:
-    if not isinstance(value, str) or not DEVICE_ID_RE.match(value):
-        raise BadInput(f"device id must be 1 to 64 of A-Z a-z 0-9 _ -, not {value!r}")
-    return value
+    try:
+        return daop_client.address.check_device_id(value)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def parse_broker_url(url: str, base: Broker | None = None) -> Broker:
     """mqtt://[user[:pass]@]host[:port] or mqtts://...; credentials in the URL win."""
     base = base or Broker()
     try:
-        parts = urlsplit(url)
-        port = parts.port
+        address = daop_client.address.parse_broker_url(url)
     except ValueError as exc:
-        raise BadInput(f"broker URL {url!r} is malformed: {exc}") from None
-    if parts.scheme not in ("mqtt", "mqtts"):
-        raise BadInput(f"broker URL must start with mqtt:// or mqtts://, not {url!r}")
-    if not parts.hostname:
-        raise BadInput(f"broker URL {url!r} names no host")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise BadInput(f"broker URL {url!r} must be only scheme, credentials, host and port")
-    tls = parts.scheme == "mqtts"
-    return replace(
-        base,
-        host=parts.hostname,
-        port=port or (8883 if tls else 1883),
-        tls=tls,
-        username=unquote(parts.username) if parts.username else base.username,
-        password=unquote(parts.password) if parts.password else base.password,
-    )
+        raise BadInput(str(exc)) from None
+    return replace(base, host=address.host, port=address.port, tls=address.tls,
+                   username=address.username or base.username, password=address.password or base.password)
 
 
 def _table(data: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -166,8 +225,8 @@ def _no_leftovers(table: dict[str, Any], section: str) -> None:
 def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
     """Defaults, then the TOML file at `path`, then `overrides` (flags; None values ignored).
 
-    Override keys: broker (URL), device_id, state_dir, sysfs_root, procfs_root,
-    sample_interval_s, local_broker, calibration.
+    Override keys: broker (URL or list of URLs), protocol, session_expiry_s, device_id, state_dir, sysfs_root,
+    procfs_root, sample_interval_s, local_broker, web_port, calibration.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -177,7 +236,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
             raise BadInput(f"cannot read config {path}: {exc.strerror or exc}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise BadInput(f"config {path} is not valid TOML: {exc}") from None
-    known_sections = {"agent", "broker", "monitors", "limits", "policy"}
+    known_sections = {"agent", "broker", "monitors", "limits", "policy", "homeassistant", "metrics", "privacy"}
     unknown = set(data) - known_sections
     if unknown:
         raise BadInput(f"config: unknown section{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))}; "
@@ -185,7 +244,8 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
 
     a = _table(data, "agent")
-    device_id = check_device_id(over.get("device_id", _take(a, "agent", "device_id", (str,), None) or default_device_id()))
+    device_id = check_device_id(over.get("device_id", _take(a, "agent", "device_id", (str,), None)
+                                         or default_device_id()))
     state_dir = Path(over.get("state_dir") or _take(a, "agent", "state_dir", (str,), None) or default_state_dir())
     sample = float(over.get("sample_interval_s", _take(a, "agent", "sample_interval_s", (int, float), 1.0)))
     if not (0.01 <= sample <= 3600):
@@ -197,6 +257,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     if not 1 <= workers <= 16:
         raise BadInput(f"config: agent.estimate_workers must be 1 to 16, not {workers}")
     local_broker = bool(over.get("local_broker", _take(a, "agent", "local_broker", (bool,), False)))
+    web_port = over.get("web_port", _take(a, "agent", "web_port", (int,), None))
+    if web_port is not None and not 0 <= web_port < 65536:
+        raise BadInput(f"web port must be 1 to 65535 (0: no WebSockets listener), not {web_port}")
     calibration = over.get("calibration", _take(a, "agent", "calibration", (str,), "full"))
     if calibration not in CALIBRATIONS:
         raise BadInput(f"config: agent.calibration must be {' or '.join(CALIBRATIONS)}, not {calibration!r}")
@@ -218,13 +281,23 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
             broker = replace(broker, password=Path(password_file).read_text(encoding="utf-8").strip())
         except OSError as exc:
             raise BadInput(f"cannot read broker password file {password_file}: {exc.strerror or exc}") from None
-    url = over.get("broker", _take(b, "broker", "url", (str,), "mqtt://localhost:1883"))
+    if broker.password is None:
+        broker = replace(broker, password=credential(PASSWORD_CREDENTIAL))
+    protocol = str(over.get("protocol", _take(b, "broker", "protocol", (str,), "5")))
+    if protocol not in PROTOCOLS:
+        raise BadInput(f"broker protocol must be {' or '.join(PROTOCOLS)}, not {protocol!r}")
+    expiry = over.get("session_expiry_s", _take(b, "broker", "session_expiry_s", (int,), 0))
+    if not 0 <= expiry <= 0xFFFFFFFF:
+        raise BadInput(f"broker session expiry must be 0 to 4294967295 seconds, not {expiry}")
+    broker = replace(broker, protocol=protocol, session_expiry_s=int(expiry))
+    urls = _broker_urls(b, over.get("broker"))
     _no_leftovers(b, "broker")
-    broker = parse_broker_url(url, broker)
+    brokers = tuple(parse_broker_url(url, broker) for url in urls)
     if (broker.cert_file is None) != (broker.key_file is None):
         raise BadInput("config: broker.cert_file and broker.key_file go together")
-    if (broker.ca_file or broker.cert_file) and not broker.tls:
-        raise BadInput("config: TLS files given but the broker URL is not mqtts://")
+    for x in brokers:
+        if (broker.ca_file or broker.cert_file) and not x.tls:
+            raise BadInput(f"config: TLS files given but the broker URL {x.url} is not mqtts://")
     for f in (broker.ca_file, broker.cert_file, broker.key_file):
         if f and not Path(f).is_file():
             raise BadInput(f"config: TLS file {f} does not exist")
@@ -242,10 +315,21 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
 
     lim = _table(data, "limits")
     max_monitors = int(_positive(_take(lim, "limits", "max_monitors", (int,), 1000), "limits.max_monitors"))
-    max_request = int(_positive(_take(lim, "limits", "max_request_bytes", (int,), 16 * MiB), "limits.max_request_bytes"))
-    timeout = float(_positive(_take(lim, "limits", "estimate_timeout_s", (int, float), 20.0), "limits.estimate_timeout_s"))
+    def positive(key: str, kinds: tuple[type, ...], default: float) -> float:
+        return _positive(_take(lim, "limits", key, kinds, default), f"limits.{key}")
+
+    max_request = int(positive("max_request_bytes", (int,), 16 * MiB))
+    timeout = float(positive("estimate_timeout_s", (int, float), 20.0))
+    pending = int(positive("max_pending_bytes", (int,), max(64 * MiB, 2 * max_request)))
+    if pending < max_request:
+        raise BadInput(f"config: limits.max_pending_bytes ({pending}) must be at least limits.max_request_bytes "
+                       f"({max_request})")
+    worker_mb = int(_positive(_take(lim, "limits", "worker_memory_mb", (int,), 1024),
+                              "limits.worker_memory_mb"))
+    if worker_mb < 512:  # a worker holds about 300 MB of address space before it reads anything
+        raise BadInput(f"config: limits.worker_memory_mb must be at least 512, not {worker_mb}")
     graph_limits = Limits.from_mapping(lim)  # the rest are graph limits; unknown keys are refused there
-    limits = AgentLimits(max_monitors, max_request, timeout, graph_limits)
+    limits = AgentLimits(max_monitors, max_request, timeout, graph_limits, pending, worker_mb)
 
     p = _table(data, "policy")
     floor = _take(p, "policy", "battery_floor_percent", (int, float), None)
@@ -259,7 +343,66 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     _no_leftovers(p, "policy")
     policy = Policy(None if floor is None else float(floor), release, saver, tuple(profiles))
 
-    return Config(device_id=device_id, state_dir=state_dir, broker=broker, sample_interval_s=sample,
+    return Config(homeassistant=_homeassistant(_table(data, "homeassistant")),
+                  metrics=_metrics(_table(data, "metrics")), device_id=device_id, state_dir=state_dir,
+                  brokers=brokers, sample_interval_s=sample,
                   refresh_interval_s=refresh, sysfs_root=sysfs, procfs_root=procfs, estimate_workers=workers,
-                  rules=rules, limits=limits, policy=policy, local_broker=local_broker,
-                  calibration=calibration)
+                  rules=rules, limits=limits, policy=policy, local_broker=local_broker, web_port=web_port,
+                  calibration=calibration, privacy=_privacy(_table(data, "privacy")))
+
+
+def _broker_urls(b: dict[str, Any], flag: str | list[str] | None) -> list[str]:
+    """The broker URLs in order: the flags' (repeated --broker), else `url` or `urls` from the file."""
+    url = _take(b, "broker", "url", (str,), None)
+    urls = _take(b, "broker", "urls", (list,), None)
+    if url is not None and urls is not None:
+        raise BadInput("config: give broker.url or broker.urls, not both")
+    if flag is not None:
+        urls = [flag] if isinstance(flag, str) else list(flag)
+    elif url is not None:
+        urls = [url]
+    elif urls is None:
+        urls = ["mqtt://localhost:1883"]
+    if not urls or not all(isinstance(u, str) for u in urls):
+        raise BadInput("config: broker.urls must be a non-empty list of URLs")
+    if len(urls) > MAX_BROKERS:
+        raise BadInput(f"at most {MAX_BROKERS} broker URLs, not {len(urls)}")
+    return urls
+
+
+def _homeassistant(t: dict[str, Any]) -> HomeAssistantSettings:
+    enabled = _take(t, "homeassistant", "enabled", (bool,), False)
+    prefix = _take(t, "homeassistant", "discovery_prefix", (str,), "homeassistant")
+    if not prefix or any(c in prefix for c in "+#\0") or prefix.startswith("/") or prefix.endswith("/"):
+        raise BadInput(f"config: homeassistant.discovery_prefix must be a topic without wildcards, not {prefix!r}")
+    _no_leftovers(t, "homeassistant")
+    return HomeAssistantSettings(enabled, prefix)
+
+
+def _metrics(t: dict[str, Any]) -> MetricsSettings:
+    port = _take(t, "metrics", "port", (int,), 0)
+    if not 0 <= port < 65536:
+        raise BadInput(f"config: metrics.port must be 1 to 65535 (0: no metrics), not {port}")
+    address = _take(t, "metrics", "address", (str,), "127.0.0.1")
+    device_state = _take(t, "metrics", "device_state", (bool,), False)
+    _no_leftovers(t, "metrics")
+    return MetricsSettings(port, address, device_state)
+
+
+def _privacy(t: dict[str, Any]) -> PrivacySettings:
+    enabled = _take(t, "privacy", "enabled", (bool,), True)
+    try:
+        rules = PrivacyRules(
+            jitter=float(_take(t, "privacy", "jitter", (int, float), PrivacyRules.jitter)),
+            period_s=float(_take(t, "privacy", "period_s", (int, float), PrivacyRules.period_s)),
+            hysteresis=float(_take(t, "privacy", "hysteresis", (int, float), PrivacyRules.hysteresis)),
+        )
+    except ValueError as exc:
+        raise BadInput(f"config: [privacy] {exc}") from None
+    burst = int(_positive(_take(t, "privacy", "burst", (int,), PrivacySettings.burst), "privacy.burst"))
+    per_minute = float(_positive(_take(t, "privacy", "per_minute", (int, float), PrivacySettings.per_minute),
+                                 "privacy.per_minute"))
+    max_clients = int(_positive(_take(t, "privacy", "max_clients", (int,), PrivacySettings.max_clients),
+                                "privacy.max_clients"))
+    _no_leftovers(t, "privacy")
+    return PrivacySettings(enabled, rules, burst, per_minute, max_clients)

@@ -8,20 +8,27 @@ answer before it goes on serving others.
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.store import MONITOR_ID_RE, Running
 from monitors.errors import BadInput
-from monitors.graph import DTYPE_CODES, InputSpec
-from monitors.tiers import TIER_NAMES
-from agent.store import MONITOR_ID_RE
+from monitors.graphs.graph import DTYPE_CODES, InputSpec
+from monitors.placement import ContextHints
+from monitors.pricing.generation import GenerationSpec
+from monitors.requirements import Requirement
+from monitors.warm import MAX_LATENCIES
 
-METHODS = ("estimate", "meets", "monitors/create", "monitors/delete", "monitors/list")
+METHODS = ("estimate", "meets", "monitors/create", "monitors/delete", "monitors/list", "monitors/running",
+           "monitors/report")
 MODEL_FIELDS = {"onnx": "onnx", "webnn": "webnn", "graph": "json"}  # request field -> importer format
 MAX_TRANSACTION_CHARS = 256
 MAX_INPUTS = 1024
+MAX_WORKLOADS = 16  # in one group
+MAX_PID = 1 << 22  # the kernel's pid_max ceiling
 
 
 @dataclass(frozen=True)
@@ -31,13 +38,30 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """One model and what it must meet; a request without `workloads` holds one, named ""."""
+
+    name: str
+    model: ModelSource
+    inputs: dict[str, InputSpec] = field(default_factory=dict)
+    requirement: Requirement | None = None  # None for `estimate`
+    generation: GenerationSpec | None = None  # an LLM's generation rather than one inference
+
+
+@dataclass(frozen=True)
 class Request:
     method: str
     transaction: Any = None
-    model: ModelSource | None = None
-    inputs: dict[str, InputSpec] = field(default_factory=dict)
-    required_tier: str | None = None
+    workloads: tuple[Workload, ...] = ()
     monitor: str | None = None
+    running: Running | None = None
+    latencies_ms: tuple[float, ...] = ()  # a report's
+    workload: str | None = None  # which of a group's workloads a report is for
+    context: ContextHints | None = None  # WebNN's context options: where to run it
+
+    @property
+    def group(self) -> bool:
+        return len(self.workloads) > 1 or any(w.name for w in self.workloads)
 
 
 def transaction_of(payload: bytes) -> Any:
@@ -81,24 +105,134 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
         raise BadInput(f"transaction must be a string of at most {MAX_TRANSACTION_CHARS} characters or a number",
                        "bad_request")
 
-    needs_model = method in ("estimate", "meets", "monitors/create")
-    model = _model(doc) if needs_model else None
-    inputs = _inputs(doc.get("inputs")) if needs_model else {}
-    required = None
-    if method in ("meets", "monitors/create"):
-        required = doc.get("requiredTier")
-        if required is None:
-            raise BadInput("requiredTier is missing", "bad_tier")
-        if required not in TIER_NAMES:
-            raise BadInput(f"requiredTier must be one of {', '.join(TIER_NAMES)}, not {_short(required)}", "bad_tier")
+    workloads: tuple[Workload, ...] = ()
+    context = _context(doc) if method in ("estimate", "meets", "monitors/create") else None
+    if method == "estimate":
+        workloads = (_workload(doc, "", None),)
+    elif method in ("meets", "monitors/create"):
+        workloads = _workloads(doc)
     monitor = None
-    if method in ("monitors/create", "monitors/delete"):
+    if method in ("monitors/create", "monitors/delete", "monitors/running", "monitors/report"):
         monitor = doc.get("monitor")
-        if monitor is None and method == "monitors/delete":
+        if monitor is None and method != "monitors/create":
             raise BadInput("monitor is missing", "bad_monitor_id")
         if monitor is not None and not (isinstance(monitor, str) and MONITOR_ID_RE.match(monitor)):
             raise BadInput(f"monitor id must be 1 to 64 of A-Z a-z 0-9 _ -, not {_short(monitor)}", "bad_monitor_id")
-    return Request(method, transaction, model, inputs, required, monitor)
+    running = _running(doc) if method == "monitors/running" else None
+    latencies: tuple[float, ...] = ()
+    workload = None
+    if method == "monitors/report":
+        latencies = _latencies(doc.get("latenciesMs"))
+        workload = doc.get("workload")
+        if workload is not None and not (isinstance(workload, str) and MONITOR_ID_RE.match(workload)):
+            raise BadInput(f"workload must name one of the monitor's workloads, not {_short(workload)}",
+                           "bad_workload")
+    return Request(method, transaction, workloads, monitor, running, latencies, workload, context)
+
+
+def parse_request_compact(method: str, payload: bytes, max_bytes: int) -> Request:
+    """`parse_request` for a helper process (a large payload is parsed off the agent's event loop): what comes
+    back to the agent is compact to pickle, a webnn-graph-json model as its JSON bytes, not as objects; and a
+    payload whose parse needs more than the process's memory ceiling is refused."""
+    try:
+        request = parse_request(method, payload, max_bytes)
+    except MemoryError:
+        raise BadInput("the request needs more memory to read than the agent allows (limits.worker_memory_mb)",
+                       "too_large") from None
+    workloads = tuple(dataclasses.replace(w, model=ModelSource("json", json.dumps(w.model.source).encode()))
+                      if w.model.fmt == "json" else w for w in request.workloads)
+    return dataclasses.replace(request, workloads=workloads)
+
+
+def _workloads(doc: dict[str, Any]) -> tuple[Workload, ...]:
+    """One model with its requirement, or `workloads`: a group, each with a name, a model and a requirement."""
+    group = doc.get("workloads")
+    if group is None:
+        return (_workload(doc, "", Requirement.parse(doc)),)
+    if any(k in doc for k in (*MODEL_FIELDS, "inputs", "generation", "requiredTier", "requiredRate",
+                              "requiredDeadlineMs")):
+        raise BadInput("a request with workloads carries its models and requirements in them, not beside them",
+                       "bad_workload")
+    if not isinstance(group, list) or not 1 <= len(group) <= MAX_WORKLOADS:
+        raise BadInput(f"workloads must be a list of 1 to {MAX_WORKLOADS} objects", "bad_workload")
+    out: list[Workload] = []
+    for i, item in enumerate(group):
+        where = f"workloads[{i}]."
+        if not isinstance(item, dict):
+            raise BadInput(f"{where[:-1]} must be an object", "bad_workload")
+        name = item.get("name")
+        if not (isinstance(name, str) and MONITOR_ID_RE.match(name)):
+            raise BadInput(f"{where}name must be 1 to 64 of A-Z a-z 0-9 _ -, not {_short(name)}", "bad_workload")
+        if any(w.name == name for w in out):
+            raise BadInput(f"{where}name {name!r} is used twice", "bad_workload")
+        out.append(_workload(item, name, Requirement.parse(item, where)))
+    return tuple(out)
+
+
+def _workload(doc: dict[str, Any], name: str, requirement: Requirement | None) -> Workload:
+    """A model with its inputs, or with a generation (an LLM's: its inputs come from the graph)."""
+    model, inputs, generation = _model(doc), _inputs(doc.get("inputs")), _generation(doc.get("generation"))
+    if generation is not None:
+        if inputs:
+            raise BadInput("a generation binds the model's inputs itself: give either generation or inputs",
+                           "bad_generation")
+        if model.fmt != "onnx":
+            raise BadInput("a generation needs an ONNX language model (onnx), not a webnn graph", "bad_generation")
+    return Workload(name, model, inputs, requirement, generation)
+
+
+def _generation(value: Any) -> GenerationSpec | None:
+    """`"generation": {"promptTokens": 512, "outputTokens": 128}` (outputTokens defaults to 1)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadInput('generation must be an object: {"promptTokens": 512, "outputTokens": 128}', "bad_generation")
+    unknown = set(value) - {"promptTokens", "outputTokens"}
+    if unknown:
+        raise BadInput(f"generation has unknown fields: {', '.join(sorted(map(_short, unknown)))}; "
+                       "known: promptTokens, outputTokens", "bad_generation")
+    if "promptTokens" not in value:
+        raise BadInput("generation.promptTokens is missing", "bad_generation")
+    return GenerationSpec(value["promptTokens"], value.get("outputTokens", 1))
+
+
+def _context(doc: dict[str, Any]) -> ContextHints | None:
+    """WebNN's MLContextOptions as the request gives them: `deviceType`, `powerPreference`, `accelerated`."""
+    device, preference, accelerated = doc.get("deviceType"), doc.get("powerPreference"), doc.get("accelerated")
+    if device is None and preference is None and accelerated is None:
+        return None
+    if accelerated is not None and not isinstance(accelerated, bool):
+        raise BadInput(f"accelerated must be true or false, not {_short(accelerated)}", "bad_context")
+    if not all(v is None or isinstance(v, str) for v in (device, preference)):
+        raise BadInput("deviceType and powerPreference are strings", "bad_context")
+    try:
+        return ContextHints(device, preference or "default", accelerated)
+    except BadInput as exc:
+        raise BadInput(str(exc), "bad_context") from None
+
+
+def _running(doc: dict[str, Any]) -> Running:
+    running = doc.get("running")
+    if not isinstance(running, bool):
+        raise BadInput("running must be true or false", "bad_running")
+    rate = doc.get("rateHz")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate)
+                             or not 0 < rate <= 10_000):
+        raise BadInput(f"rateHz must be a number of runs a second, above 0 and at most 10000, not {_short(rate)}",
+                       "bad_running")
+    pid = doc.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid < MAX_PID):
+        raise BadInput(f"pid must be the app's process id on this device, not {_short(pid)}", "bad_running")
+    return Running(running, None if rate is None else float(rate), pid)
+
+
+def _latencies(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_LATENCIES or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 3.6e6
+            for v in value):
+        raise BadInput(f"latenciesMs must be a list of 1 to {MAX_LATENCIES} positive milliseconds (under an hour)",
+                       "bad_report")
+    return tuple(float(v) for v in value)
 
 
 def _model(doc: dict[str, Any]) -> ModelSource:
@@ -162,8 +296,12 @@ def ok(data: dict[str, Any], transaction: Any = None) -> bytes:
     return json.dumps(answer).encode()
 
 
-def error(code: str, message: str, transaction: Any = None) -> bytes:
-    answer: dict[str, Any] = {"status": "error", "error": {"code": code, "message": message}}
+def error(code: str, message: str, transaction: Any = None, retry_after_s: int | None = None) -> bytes:
+    """An error answer; `rate_limited` carries `retryAfterS`, the whole seconds until the client may ask again."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if retry_after_s is not None:
+        body["retryAfterS"] = retry_after_s
+    answer: dict[str, Any] = {"status": "error", "error": body}
     if transaction is not None:
         answer["transaction"] = transaction
     return json.dumps(answer).encode()

@@ -26,11 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import onnxruntime
 
-from bench import groundtruth, zoo  # noqa: E402
-from monitors.tiers import rank, tier_for  # noqa: E402
+from agent import calibration_store
+from agent.config import default_state_dir
+from bench import groundtruth, zoo
+from monitors.graphs.importer import load_graph
+from monitors.pricing.tiers import rank, tier_for
 
 
 @dataclass
@@ -50,7 +52,6 @@ class Row:
 
 def estimate(estimator: Any, path: Path, inputs: dict[str, Any]) -> tuple[float, int]:
     """The estimator's CPU latency (ms) and kernel count for the model bound to `inputs`."""
-    from monitors.importer import load_graph
 
     graph = load_graph(path, inputs=inputs)
     result = estimator.estimate(graph, device="cpu")
@@ -58,9 +59,8 @@ def estimate(estimator: Any, path: Path, inputs: dict[str, Any]) -> tuple[float,
 
 
 def load_estimator(state_dir: Path) -> Any:
-    from monitors.estimator import Estimator
 
-    return Estimator.load(state_dir, device="cpu")
+    return calibration_store.load_estimator(state_dir, device="cpu")
 
 
 def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int) -> Row:
@@ -77,7 +77,7 @@ def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_re
         try:
             row.estimate_ms, row.kernels = estimate(estimator, path, model.inputs)
             row.est_tier = tier_for(row.estimate_ms)
-        except Exception as exc:  # a benchmark reports every failure as a row, then goes on
+        except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a row, then goes on
             row.problem = "; ".join(filter(None, [row.problem, f"estimate: {type(exc).__name__}: {exc}"]))
     if row.estimate_ms is not None and row.real_ms:
         row.error = row.estimate_ms / row.real_ms - 1.0
@@ -112,7 +112,8 @@ def _ms(value: float | None) -> str:
     return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
-HEADER = f"{'model':34} {'kernels':>7} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  {'est tier':9} {'real tier':9}"
+HEADER = (f"{'model':34} {'kernels':>7} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  "
+          f"{'est tier':9} {'real tier':9}")
 
 
 def format_row(r: Row) -> str:
@@ -172,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     build_s = zoo.build_all(models, log=lambda line: print(line, file=sys.stderr))
     estimator = None
     if not args.measure_only:
-        from agent.config import default_state_dir
 
         estimator = load_estimator(args.state_dir or default_state_dir())
 
@@ -193,7 +193,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({elapsed:.0f} s in all, of which {build_s:.0f} s building the zoo)")
 
     if args.json:
-        import onnxruntime
 
         report = {"summary": summarize(rows), "rows": [asdict(r) for r in rows],
                   "onnxruntime": onnxruntime.__version__, "cpu": groundtruth.cpu_model(),

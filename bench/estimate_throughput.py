@@ -1,6 +1,6 @@
 """Benchmark: estimate throughput, in-process and over MQTT.
 
-    .venv/bin/python bench/estimate_throughput.py [--seconds 20] [--clients 16]
+    .venv/bin/python -m bench.estimate_throughput [--seconds 20] [--clients 16]
 
 1. In-process: graph import + kernel plan + pricing of one inference, per
    second, for a few real graphs (the blur segmenter at 720p in the
@@ -19,22 +19,26 @@ import asyncio
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import onnx
 
-from bench.support import start_agent, stop_agent, wait_online  # noqa: E402 (after the path setup)
+from agent import calibration_store
+from agent.config import default_state_dir
+from bench.support import start_agent, stop_agent, wait_online
+from daop_client import DaopClient
+from monitors.graphs.graph import InputSpec
+from monitors.graphs.importer import load_graph
+from monitors.pricing.estimator import Estimator
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def models() -> dict[str, tuple[object, str, dict]]:
     """name -> (source, format, inputs)."""
-    import onnx
 
-    from monitors.graph import InputSpec
 
     out: dict[str, tuple[object, str, dict]] = {
         "blur_segmenter 720p (.webnn)": ((REPO / "examples/blur_segmenter.webnn").read_text(), "webnn",
@@ -49,8 +53,6 @@ def models() -> dict[str, tuple[object, str, dict]]:
 
 
 def in_process(state_dir: Path, seconds: float) -> None:
-    from monitors.estimator import Estimator
-    from monitors.importer import load_graph
 
     est = Estimator.load(state_dir)
     for name, (source, fmt, inputs) in models().items():
@@ -65,7 +67,6 @@ def in_process(state_dir: Path, seconds: float) -> None:
 
 
 async def over_mqtt(port: int, clients: int, seconds: float) -> None:
-    from agent.client import DaopClient
 
     source = REPO / "examples/blur_segmenter.webnn"
     inputs = {"image": ((1, 360, 640, 3), None)}
@@ -97,8 +98,6 @@ def main() -> None:
     ap.add_argument("--state-dir", type=Path, default=None, help="calibration to copy (default: the agent's)")
     args = ap.parse_args()
 
-    from agent import calibration_store
-    from agent.config import default_state_dir
 
     source = args.state_dir or default_state_dir()
     calibration_store.load_estimator(source, quick=True)  # calibrate once if there is none

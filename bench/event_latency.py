@@ -1,7 +1,7 @@
 """Benchmark: time from a real state change (CPU load started or stopped) to the change event at a subscriber.
 
-    .venv/bin/python bench/event_latency.py [--cycles 6] [--sample-interval 1.0] [--busy 4]
-    .venv/bin/python bench/event_latency.py --profile-switch [--cycles 20] [--sample-interval 1.0]
+    .venv/bin/python -m bench.event_latency [--cycles 6] [--sample-interval 1.0] [--busy 4]
+    .venv/bin/python -m bench.event_latency --profile-switch [--cycles 20] [--sample-interval 1.0]
 
 Runs the real agent (`daop-agent run --local-broker`) on this machine's real
 /sys and /proc, registers one monitor whose model sits between the quiet and
@@ -26,22 +26,32 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import onnx
+import onnx.helper as h
+import psutil
+from onnx import TensorProto as T
 
-from bench.support import start_agent, stop_agent, wait_online  # noqa: E402 (after the path setup)
+from agent import calibration_store
+from agent.calibration_store import load as load_calibration
+from agent.calibration_store import run_calibration
+from agent.simulation.load import Load
+from agent.simulation.trees import desktop
+from bench.support import start_agent, stop_agent, wait_online
+from daop_client import DaopClient, DaopError
+from monitors.graphs.importer import load_graph
+from monitors.pricing.tiers import TIERS, bound_ms
+from monitors.speed.present import Measurement, speed_from_state
+from probes.refresh import measure, slowdown
+from probes.state import Sampler
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def mlp_bytes(width: int, depth: int) -> bytes:
-    import onnx
-    import onnx.helper as h
-    from onnx import TensorProto as T
 
     nodes, inits, prev = [], [], "x"
     for i in range(depth):
@@ -62,9 +72,6 @@ def mlp_bytes(width: int, depth: int) -> bytes:
 def present_factor(cores: int, reference: dict[str, float], busy_procs: int = 0) -> tuple[float, float]:
     """The CPU slow-down the agent would see now (with `busy_procs` extra busy processes): the signals'
     prediction alone, and combined with a warm-refresh measurement as the agent combines them."""
-    from monitors.speed import speed_from_state
-    from probes.refresh import measure, slowdown
-    from probes.state import Sampler
 
     procs = busy(busy_procs)
     try:
@@ -72,8 +79,8 @@ def present_factor(cores: int, reference: dict[str, float], busy_procs: int = 0)
         sampler.sample()
         time.sleep(1.0)
         state = sampler.sample()
-        measured = slowdown(measure(), reference)
-        speed = speed_from_state(state, measured, cores)
+        measurement = Measurement.taken_in(state, cores, slowdown(measure(), reference), None)
+        speed = speed_from_state(state, cores, measurement, current=True)
         return speed.predicted_cpu, speed.cpu
     finally:
         stop(procs)
@@ -81,11 +88,8 @@ def present_factor(cores: int, reference: dict[str, float], busy_procs: int = 0)
 
 def pick_model(state_dir: Path, f_quiet: float, f_loaded: float) -> tuple[bytes, str, float]:
     """A model and a tier whose bound lies between the quiet and the loaded latency, with margin."""
-    from monitors.estimator import Estimator
-    from monitors.importer import load_graph
-    from monitors.tiers import TIERS
 
-    est = Estimator.load(state_dir, device="cpu")
+    est = calibration_store.load_estimator(state_dir, device="cpu")
     best = None
     for width in (64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048):
         for depth in (1, 2, 4, 8, 16):
@@ -100,26 +104,22 @@ def pick_model(state_dir: Path, f_quiet: float, f_loaded: float) -> tuple[bytes,
     return best[1], best[2], best[3]
 
 
-def busy(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def busy(n: int) -> Load:
+    """n real busy processes, outside this process's tree (present_factor samples the device from here)."""
+    load = Load(detached=True)
+    load.set_busy(n)
+    return load
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait()
+def stop(load: Load) -> None:
+    load.stop()
 
 
 async def run(args: argparse.Namespace, state_dir: Path) -> None:
-    import psutil
 
-    from agent.client import DaopClient, DaopError
-    from monitors.tiers import bound_ms
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     args.busy = args.busy or 2 * cores
-    from agent.calibration_store import load as load_calibration
 
     reference = load_calibration(state_dir, "cpu").refresh_reference
     f_quiet = max(present_factor(cores, reference))
@@ -198,10 +198,7 @@ def ms(value: float | None) -> str:
 
 async def profile_switch(args: argparse.Namespace, state_dir: Path) -> None:
     """Platform profile switched in a fixture /sys tree -> policy veto -> event at the subscriber."""
-    from agent.client import DaopClient
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from sysfs_trees import desktop
 
     tree = desktop(state_dir.parent / "tree")
     profile = "firmware/acpi/platform_profile"
@@ -260,7 +257,6 @@ def main() -> None:
         shutil.copytree(args.state_dir, state_dir, ignore=shutil.ignore_patterns("monitors", "monitor-seq.json*",
                                                                                   "broker"))
     else:
-        from agent.calibration_store import run_calibration
 
         state_dir.mkdir(parents=True)
         print("calibrating (quick) ...", flush=True)

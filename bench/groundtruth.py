@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
+
 CACHE_FILE = Path(__file__).resolve().parent / ".cache" / "groundtruth.json"
 TARGET_S = 1.5
 MIN_REPEATS = 5
@@ -38,7 +41,6 @@ TIMEOUT_S = 600.0
 # --- the measurement (runs in the child process) ---------------------------------------------------------------------
 
 def _feeds(session: Any, inputs: dict[str, tuple[list[int], str | None]]) -> dict[str, Any]:
-    import numpy as np
 
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
@@ -62,8 +64,6 @@ def _feeds(session: Any, inputs: dict[str, tuple[list[int], str | None]]) -> dic
 def run_measurement(path: str, inputs: dict[str, tuple[list[int], str | None]], target_s: float = TARGET_S,
                     min_repeats: int = MIN_REPEATS) -> dict[str, Any]:
     """Time the model in this process: default session, warm-up, then the timed runs."""
-    import numpy as np
-    import onnxruntime as ort
 
     t0 = time.perf_counter()
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -144,7 +144,6 @@ def _plain_inputs(inputs: dict[str, Any]) -> dict[str, tuple[list[int], str | No
 
 
 def cache_key(path: Path, inputs: dict[str, Any]) -> str:
-    import onnxruntime as ort
 
     bindings = ";".join(f"{n}={'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(_plain_inputs(inputs).items()))
     return f"{file_hash(path)}|{bindings}|onnxruntime {ort.__version__}|{cpu_model()}"

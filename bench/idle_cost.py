@@ -1,6 +1,6 @@
 """Benchmark: the agent's CPU and memory at idle with 100 monitors.
 
-    .venv/bin/python bench/idle_cost.py [--monitors 100] [--seconds 60] [--sample-interval 1.0]
+    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--sample-interval 1.0]
 
 Starts the real agent (`daop-agent run --local-broker`) on this machine's
 real /sys and /proc with a private copy of the calibration, registers
@@ -18,20 +18,22 @@ import argparse
 import asyncio
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import psutil
 
-from bench.support import start_agent, stop_agent, wait_online  # noqa: E402 (after the path setup)
+from agent import calibration_store
+from agent.config import default_state_dir
+from bench.support import start_agent, stop_agent, wait_online
+from daop_client import DaopClient
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def agent_processes(pid: int) -> list:
     """The agent and its children, Mosquitto excepted."""
-    import psutil
 
     root = psutil.Process(pid)
     return [root] + [c for c in root.children(recursive=True) if "mosquitto" not in c.name()]
@@ -59,7 +61,6 @@ def rss_mb(procs: list) -> float:
 
 
 async def register(port: int, count: int) -> None:
-    from agent.client import DaopClient
 
     model = REPO / "examples" / "blur_segmenter.webnn"
     async with DaopClient(f"mqtt://127.0.0.1:{port}", "idle", timeout_s=120) as daop:
@@ -77,8 +78,6 @@ def main() -> None:
     ap.add_argument("--state-dir", type=Path, default=None, help="calibration to copy (default: the agent's)")
     args = ap.parse_args()
 
-    from agent import calibration_store
-    from agent.config import default_state_dir
 
     source = args.state_dir or default_state_dir()
     calibration_store.load_estimator(source, quick=True)  # calibrate once if there is none
@@ -102,7 +101,6 @@ def main() -> None:
                 peak = max(peak, rss_mb(procs))
             cpu = cpu_seconds(procs) - cpu0
             wall = time.monotonic() - wall0
-            import psutil
 
             own = psutil.Process(agent.pid).memory_info().rss / 2**20
             print(f"idle with {args.monitors} monitors, sample interval {args.sample_interval:g} s, over {wall:.0f} s: "

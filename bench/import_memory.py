@@ -6,7 +6,7 @@ process whose peak RSS (ru_maxrss) is reported:
   inline  - 435 MB of weights inline in the .onnx file (random bytes)
 and, for scale, `onnx.load` of the inline file.
 
-    .venv/bin/python bench/import_memory.py [--mb 435] [--dir DIR]
+    .venv/bin/python -m bench.import_memory [--mb 435] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def hwm():  # peak RSS of this process image in KiB (ru_maxrss would carry the f
 
 sys.path.insert(0, {root!r})
 import onnx
-from monitors.importer import load_graph
+from monitors.graphs.importer import load_graph
 before = hwm()
 t0 = time.perf_counter()
 if {how!r} == "onnx.load":
@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--skip-onnx-load", action="store_true", help="do not measure onnx.load for comparison")
     args = parser.parse_args()
 
-    from models import absent_weights_model, write_inline_weights_model
+    from models import absent_weights_model, write_inline_weights_model  # noqa: PLC0415 - tests/ is on the path only here
 
     total = args.mb * 1_000_000
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -17,18 +17,19 @@ import json
 import math
 import os
 import tempfile
+import time
 
 import numpy as np
 import onnxruntime as ort
 
+from agent.config import default_state_dir
 from bench import zoo
 from bench.groundtruth import _feeds, _plain_inputs
-from monitors.costmodel import CostModel
-from monitors.estimator import Estimator
-from monitors.importer import load_graph
-from monitors.kernels import Kernel
-from monitors.planner import SECOND_PASS_ACTIVATIONS, memory_family
-
+from monitors.graphs.importer import load_graph
+from monitors.pricing.costmodel import CostModel
+from monitors.pricing.estimator import Estimator
+from monitors.pricing.kernels import Kernel
+from monitors.pricing.planner import SECOND_PASS_ACTIVATIONS, memory_family
 
 _LONGEST_FIRST = sorted(SECOND_PASS_ACTIVATIONS, key=len, reverse=True)  # "HardSigmoid" before "Sigmoid"
 
@@ -80,7 +81,6 @@ def profile(path: str, inputs: dict, runs: int = 10) -> tuple[list[dict], float]
         feeds = _feeds(s, _plain_inputs(inputs))
         for _ in range(3):
             s.run(None, feeds)
-        import time
         walls = []
         for _ in range(runs):
             t = time.perf_counter()
@@ -100,7 +100,6 @@ def main() -> None:
     args = ap.parse_args()
     m = zoo.BY_NAME[args.model]
     path = str(m.path())
-    from agent.config import default_state_dir
 
     est = Estimator.load(args.state_dir or default_state_dir())
     cm: CostModel = est.models["cpu"]

@@ -1,6 +1,6 @@
 """Benchmark: re-evaluating 10,000 monitors per tick (target: at most 10 ms per tick).
 
-    .venv/bin/python bench/monitor_eval.py [--monitors 10000] [--ticks 500]
+    .venv/bin/python -m bench.monitor_eval [--monitors 10000] [--ticks 500]
 
 Monitors get random calibrated latencies (0.5 ms to 20 s), required tiers and
 devices; each tick draws a new CPU and GPU slow-down factor around 1.5x so a
@@ -17,8 +17,9 @@ import time
 
 import numpy as np
 
-from monitors.monitor import MonitorRules, MonitorTable
-from monitors.tiers import TIER_NAMES, bound_ms
+from monitors.pricing.tiers import TIER_NAMES, bound_ms
+from monitors.speed.present import Speed
+from monitors.table import Member, MonitorRules, MonitorTable
 
 
 def build(n: int, rng: np.random.Generator) -> MonitorTable:
@@ -27,8 +28,9 @@ def build(n: int, rng: np.random.Generator) -> MonitorTable:
     tiers = rng.integers(0, len(TIER_NAMES), n)
     for i in range(n):
         tier = TIER_NAMES[tiers[i]]
-        table.add(f"m{i}", float(base[i]), "gpu" if i % 10 == 0 else "cpu", bound_ms(tier),
-                  bool(base[i] < bound_ms(tier)), 0, memory_bytes=int(rng.integers(1, 8)) << 30)
+        member = Member(float(base[i]), "gpu" if i % 10 == 0 else "cpu", bound_ms(tier),
+                        memory_bytes=int(rng.integers(1, 8)) << 30)
+        table.add(f"m{i}", [member], bool(base[i] < bound_ms(tier)), 0)
     return table
 
 
@@ -48,15 +50,15 @@ def main() -> None:
     now = 0.0
     for _ in range(args.ticks):
         now += 0.5
-        factors = np.array([rng.uniform(1.0, 2.5), rng.uniform(1.0, 3.0)])
+        speed = Speed(cpu=rng.uniform(1.0, 2.5), gpu=rng.uniform(1.0, 3.0), gpu_free_bytes=4 << 30)
         start = time.perf_counter()
-        changed = table.evaluate(now, factors, veto=False, gpu_free_bytes=4 << 30)
+        changed = table.evaluate(now, speed, veto=False)
         times.append((time.perf_counter() - start) * 1000)
         changes += len(changed)
     # worst case: a policy veto flips every monitor that meets its requirement at once
     everyone = build(args.monitors, np.random.default_rng(1))
     start = time.perf_counter()
-    flipped = everyone.evaluate(1000.0, np.array([1.0, 1.0]), veto=True)
+    flipped = everyone.evaluate(1000.0, Speed(gpu=1.0), veto=True)
     worst = (time.perf_counter() - start) * 1000
     print(f"monitors: {args.monitors}, ticks: {args.ticks}, changes: {changes} "
           f"({changes / args.ticks:.0f} per tick on average)")

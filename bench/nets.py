@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 def init_weights(module: nn.Module) -> nn.Module:
@@ -218,7 +218,7 @@ class UNet(nn.Module):
         for i, stage in enumerate(self.enc):
             x = stage(x if i == 0 else F.max_pool2d(x, 2))
             skips.append(x)
-        for up, dec, skip in zip(self.up, self.dec, reversed(skips[:-1])):
+        for up, dec, skip in zip(self.up, self.dec, reversed(skips[:-1]), strict=True):
             x = dec(torch.cat([up(x), skip], dim=1))
         return torch.sigmoid(self.out(x))
 

@@ -2,7 +2,7 @@
 
 On some virtual machines onnxruntime's default session runs at two speeds
 with nothing else running, switching every few seconds
-(docs/device-state.md, "Known limits"). This benchmark times every model
+(docs/device-state.md, "Current figures"). This benchmark times every model
 in short windows, one after the other, for `--seconds`; splits the windows
 into the fast phase and the slow one by how much slower than its fastest
 window each model ran in it (geometric mean over the models); and prints,
@@ -41,9 +41,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import onnxruntime as ort
 
+from bench import zoo
+from bench.groundtruth import _feeds, _plain_inputs
+from monitors.graphs.importer import load_graph
+from monitors.pricing.estimator import Estimator
+from monitors.speed.present import blend
+from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, WarmRefresh, handoff_ms_per_mb, slowdown
 
 DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "mobilenetv2-w0.5-b1-224x224", "resnet18-b1-224x224",
                   "bert-mini-b1-s128", "bert-tiny-b1-s128", "mlp-1024x4-b32", "efficientnet-b0-b1-224x224",
@@ -97,15 +102,13 @@ def refresh_views(windows: list[dict[str, float]], mbytes: dict[str, float],
     fastest window).
 
     "the agent" is what the agent estimates on a device where no signal predicts a slowdown: the reading's
-    slowdown blended with the prediction of 1.0 (monitors/speed.py: blend), plus the handoff extra."""
-    from monitors.speed import blend
-    from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, slowdown
+    slowdown blended with the prediction of 1.0 (monitors/speed/present.py: blend), plus the handoff extra."""
 
     reference = {key: min(r[key] for r in readings) for key in (LOCKSTEP_KEY, HANDOFF_KEY)}
     fastest = {m: min(w[m] for w in windows) for m in mbytes}
     views: dict[str, list[float]] = {"the agent (blend + extra)": [], "slowdown + handoff extra": [],
                                      "slowdown alone": [], "no correction": []}
-    for window, reading in zip(windows, readings):
+    for window, reading in zip(windows, readings, strict=True):
         ratio, extra = slowdown(reading, reference) or 1.0, handoff_ms_per_mb(reading, reference) or 0.0
         blended = blend(1.0, ratio)
         for m, mb in mbytes.items():
@@ -125,13 +128,7 @@ def main() -> int:
     parser.add_argument("--state-dir", type=Path, required=True, help="a calibration (for the plans' bytes)")
     args = parser.parse_args()
 
-    import onnxruntime as ort
 
-    from bench import zoo
-    from bench.groundtruth import _feeds, _plain_inputs
-    from monitors.estimator import Estimator
-    from monitors.importer import load_graph
-    from probes.refresh import WarmRefresh
 
     estimator = Estimator.load(args.state_dir, device="cpu")
     sessions, mbytes = {}, {}
@@ -178,7 +175,7 @@ def main() -> int:
     by_ratio = [r.fast_ms * ratio / r.slow_ms - 1 for r in rows]
     print(f"{'model':28s} {'MB':>7s} {'fast ms':>8s} {'slow ms':>8s} {'ratio':>6s} {'ms/MB':>6s} "
           f"{'err +bytes':>10s} {'err xratio':>10s}")
-    for r, err_bytes, err_ratio in zip(rows, by_bytes, by_ratio):
+    for r, err_bytes, err_ratio in zip(rows, by_bytes, by_ratio, strict=True):
         print(f"{r.model:28s} {r.mbytes:7.2f} {r.fast_ms:8.2f} {r.slow_ms:8.2f} {r.slow_ms / r.fast_ms:6.2f} "
               f"{r.extra_ms_per_mb:6.3f} {err_bytes:+10.0%} {err_ratio:+10.0%}")
     print(f"median extra {per_mb:.3f} ms per MB written; median ratio {ratio:.2f}")

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import aiomqtt
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -23,7 +25,6 @@ def free_port() -> int:
 
 async def wait_online(port: int, device_id: str, timeout_s: float = 120.0) -> None:
     """Until the agent on the broker at 127.0.0.1:`port` says it is online (its retained status)."""
-    import aiomqtt
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -33,7 +34,7 @@ async def wait_online(port: int, device_id: str, timeout_s: float = 120.0) -> No
                 async for m in c.messages:
                     if json.loads(m.payload) == {"state": "online"}:
                         return
-        except Exception:  # noqa: BLE001 - broker or agent not up yet
+        except Exception:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)

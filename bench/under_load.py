@@ -4,8 +4,8 @@ For each load (real processes: `while True: pass`, or a process streaming
 over 512 MB with numpy so that it competes for memory bandwidth and holds
 the memory resident): start it; then per model, `--cycles` times: sample
 the device state over `--window` seconds as the agent does, run one warm
-refresh, combine them into a Speed (monitors/speed.py,
-measured_current=True), and have the app time the model for a while
+refresh, combine them into a Speed (monitors/speed/present.py, the
+measurement current), and have the app time the model for a while
 (onnxruntime default session, median of runs). The estimate (the
 estimator's, at that Speed: calibrated latency x speed.cpu + the MB the
 plan writes x the handoff extra) is compared with the real latency, each
@@ -39,33 +39,42 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psutil
+
+from agent import calibration_store
+from agent.calibration_store import run_calibration
+from agent.simulation.load import Load, LoadProcess
+from bench import zoo
+from monitors.graphs.importer import load_graph
+from monitors.speed.present import Measurement, Speed, speed_from_state
+from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, measure, slowdown
+from probes.state import Sampler
 
 DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "resnet18-b1-224x224", "bert-mini-b1-s128",
                   "mlp-1024x4-b32")
-BUSY = "while True: pass"
 PAUSE_S = 0.1
 WARM_UP_S = 0.1  # untimed runs before each timed window, as bench/groundtruth.py warms up
-MEMORY_HOG = (
-    "import numpy as np\n"
+MEMORY_HOG = (  # streams memory until its owner (argv[1]) is gone
+    "import os, sys\nimport numpy as np\nowner = int(sys.argv[1])\n"
     "a = np.ones(64 << 20); b = np.empty_like(a)\n"  # 2 x 512 MB, resident
-    "while True: np.copyto(b, a); np.copyto(a, b)\n"
+    "while True:\n    np.copyto(b, a); np.copyto(a, b)\n    os.kill(owner, 0)\n"
 )
 
 
-def start_load(kind: str) -> list[subprocess.Popen]:
+def start_load(kind: str) -> list[LoadProcess]:
+    """Real load outside this process's tree: the Sampler here leaves its own tree out of others' load."""
     if kind == "mem":
-        return [subprocess.Popen([sys.executable, "-c", MEMORY_HOG])]
-    return [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(int(kind))]
+        return [LoadProcess.start(MEMORY_HOG, [], detached=True)]
+    load = Load(detached=True)
+    load.set_busy(int(kind))
+    return load.busy
 
 
-def stop_load(procs: list[subprocess.Popen]) -> None:
+def stop_load(procs: list[LoadProcess]) -> None:
     for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait()
+        p.stop()
 
 
 APP = """
@@ -137,25 +146,19 @@ def main() -> int:
                              "current, else bench/.cache/state-under-load, calibrated --quick on first use)")
     args = parser.parse_args()
 
-    import psutil
 
-    from agent.calibration_store import run_calibration
-    from bench import zoo
-    from monitors.estimator import Estimator
-    from monitors.importer import load_graph
-    from monitors.speed import speed_from_state
-    from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, measure, slowdown
-    from probes.state import Sampler
 
     state_dir = args.state_dir or Path(__file__).resolve().parent / ".cache" / "state"
-    estimator = Estimator.load(state_dir, device="cpu") if (state_dir / "calibration-cpu.json").exists() else None
+    calibrated = (state_dir / "calibration-cpu.json").exists()
+    estimator = calibration_store.load_estimator(state_dir, device="cpu") if calibrated else None
     if estimator is None or not {LOCKSTEP_KEY, HANDOFF_KEY} <= set(estimator.calibrations["cpu"].refresh_reference):
         # The warm-refresh reference must come from this version's probes, taken right after calibration.
         state_dir = Path(__file__).resolve().parent / ".cache" / "state-under-load"
         if not (state_dir / "calibration-cpu.json").exists():
-            print(f"calibrating (--quick) into {state_dir}: no calibration with a current refresh reference", flush=True)
+            print(f"calibrating (--quick) into {state_dir}: no calibration with a current refresh reference",
+                  flush=True)
             run_calibration(state_dir, "cpu", quick=True)
-        estimator = Estimator.load(state_dir, device="cpu")
+        estimator = calibration_store.load_estimator(state_dir, device="cpu")
     print(f"calibration: {state_dir}")
     reference = estimator.calibrations["cpu"].refresh_reference
     threads = psutil.cpu_count(logical=False) or 1
@@ -186,10 +189,11 @@ def main() -> int:
                     now = measure()
                     measured = slowdown(now, reference) if reference else None
                     handoff = handoff_ms_per_mb(now, reference) if reference else None
-                    speed = speed_from_state(state, measured, threads, measured_current=True,
-                                             handoff_ms_per_mb=handoff)
+                    speed = speed_from_state(state, threads, Measurement.taken_in(state, threads, measured, handoff),
+                                             current=True)
 
-                    def estimate(cpu: float) -> float:  # the estimator's, at the Speed with this multiplier
+                    def estimate(cpu: float, plan: Any = plan, speed: Speed = speed) -> float:
+                        """The estimator's, at this cycle's Speed with this multiplier."""
                         return estimator.estimate(plan, device="cpu", speed=replace(speed, cpu=cpu)).latency_ms
 
                     cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
@@ -220,7 +224,8 @@ def main() -> int:
     def share(key: str, bound: float) -> str:
         values = [abs(r[key]) for r in rows if r[key] == r[key]]
         within = sum(v <= bound for v in values)
-        return f"{within}/{len(values)} within +/-{100 * bound:.0f}%, median |error| {100 * statistics.median(values):.0f}%"
+        median = 100 * statistics.median(values)
+        return f"{within}/{len(values)} within +/-{100 * bound:.0f}%, median |error| {median:.0f}%"
 
     print()
     print(f"estimate (combined) vs real : {share('err', 0.25)}")

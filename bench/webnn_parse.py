@@ -1,6 +1,6 @@
 """Figures for the WebNN text front end: parse+lower speed, and how a hostile file is refused.
 
-    .venv/bin/python bench/webnn_parse.py
+    .venv/bin/python -m bench.webnn_parse
 
 Prints the time to turn tests/data/mobilenet_like.webnn into ONNX, and the
 time and peak Python memory to refuse a one-million-node text under the
@@ -13,9 +13,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from monitors import webnn_text
 from monitors.errors import LimitExceeded
-from monitors.limits import Limits
+from monitors.graphs import webnn_text
+from monitors.graphs.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,16 +22,14 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import onnx
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from monitors.graph import InputSpec  # noqa: E402
+from monitors.graphs.graph import InputSpec
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache" / "zoo"
 OPSET = 17
@@ -73,7 +71,7 @@ def _write(model: onnx.ModelProto, path: Path) -> None:
 def _export(module: Any, args: tuple, path: Path, input_names: list[str], output_names: list[str],
             dynamic_axes: dict[str, dict[int, str]] | None = None) -> None:
     """torch.onnx.export with the TorchScript exporter (fast, no onnxscript), opset 17."""
-    import torch
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
 
     tmp = path.with_name(path.name + ".tmp")
     with warnings.catch_warnings(), torch.no_grad():
@@ -98,8 +96,8 @@ def _copy_light(source: str, path: Path) -> None:
 # --- builders --------------------------------------------------------------------------------------------------------
 
 def _bert(path: Path, layers: int, hidden: int, heads: int) -> None:
-    import torch
-    from transformers import BertConfig, BertModel
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
+    from transformers import BertConfig, BertModel  # noqa: PLC0415 - optional: only to build the zoo
 
     torch.manual_seed(0)
     config = BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -121,8 +119,8 @@ def _bert(path: Path, layers: int, hidden: int, heads: int) -> None:
 
 
 def _gpt2(path: Path, layers: int, hidden: int, heads: int) -> None:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
+    from transformers import GPT2Config, GPT2LMHeadModel  # noqa: PLC0415 - optional: only to build the zoo
 
     torch.manual_seed(0)
     gpt = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=1024)).eval()
@@ -142,8 +140,9 @@ def _gpt2(path: Path, layers: int, hidden: int, heads: int) -> None:
 
 
 def _gpt_kv(path: Path, layers: int, hidden: int, heads: int) -> None:
-    import torch
-    from bench.nets import CachedDecoder
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
+
+    from bench.nets import CachedDecoder  # noqa: PLC0415 - bench.nets needs torch: only to build the zoo
 
     torch.manual_seed(0)
     model = CachedDecoder(layers, hidden, heads).eval()
@@ -159,8 +158,8 @@ def _gpt_kv(path: Path, layers: int, hidden: int, heads: int) -> None:
 
 
 def _vit(path: Path, layers: int, hidden: int, heads: int) -> None:
-    import torch
-    from transformers import ViTConfig, ViTModel
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
+    from transformers import ViTConfig, ViTModel  # noqa: PLC0415 - optional: only to build the zoo
 
     torch.manual_seed(0)
     vit = ViTModel(ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -182,8 +181,9 @@ def _vit(path: Path, layers: int, hidden: int, heads: int) -> None:
 def _torch_net(path: Path, factory: Callable[[], Any], example_shape: tuple[int, ...],
                dynamic: tuple[str, ...] = ()) -> None:
     """Export a bench.nets image model; `dynamic` names which of (batch, height, width) stay symbolic."""
-    import torch
-    from bench.nets import init_weights
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
+
+    from bench.nets import init_weights  # noqa: PLC0415 - bench.nets needs torch: only to build the zoo
 
     torch.manual_seed(0)
     model = init_weights(factory())
@@ -194,8 +194,9 @@ def _torch_net(path: Path, factory: Callable[[], Any], example_shape: tuple[int,
 
 
 def _mlp(path: Path, inputs: int, width: int, depth: int, outputs: int) -> None:
-    import torch
-    from bench.nets import MLP, init_weights
+    import torch  # noqa: PLC0415 - optional: only to build the zoo
+
+    from bench.nets import MLP, init_weights  # noqa: PLC0415 - bench.nets needs torch: only to build the zoo
 
     torch.manual_seed(0)
     _export(init_weights(MLP(inputs, width, depth, outputs)), (torch.zeros(1, inputs),), path, ["input"], ["output"],
@@ -205,7 +206,7 @@ def _mlp(path: Path, inputs: int, width: int, depth: int, outputs: int) -> None:
 def _net(name: str, **kwargs: Any) -> Callable[[], Any]:
     """A factory for a bench.nets class, imported lazily (torch only when building)."""
     def make() -> Any:
-        from bench import nets
+        from bench import nets  # noqa: PLC0415 - bench.nets needs torch: only to build the zoo
         return getattr(nets, name)(**kwargs)
     return make
 
@@ -246,14 +247,14 @@ def _build_zoo() -> list[ZooModel]:
     bert_cases = {"tiny": [(1, 32), (1, 128), (4, 128)], "mini": [(1, 128), (4, 384)],
                   "small": [(1, 32), (1, 128), (1, 384)], "base": [(1, 128), (1, 384), (4, 384)]}
     for size, cases in bert_cases.items():
-        build = functools.partial(_bert, **dict(zip(("layers", "hidden", "heads"), BERT_SIZES[size])))
+        build = functools.partial(_bert, **dict(zip(("layers", "hidden", "heads"), BERT_SIZES[size], strict=True)))
         for batch, seq in cases:
             zoo.append(ZooModel(f"bert-{size}-b{batch}-s{seq}", "encoder", f"bert-{size}.onnx", _tokens(batch, seq),
                                 build))
 
     gpt_cases = {"tiny": [32, 256], "distil": [1, 64, 256], "small": [1, 512]}
     for size, seqs in gpt_cases.items():
-        build = functools.partial(_gpt2, **dict(zip(("layers", "hidden", "heads"), GPT2_SIZES[size])))
+        build = functools.partial(_gpt2, **dict(zip(("layers", "hidden", "heads"), GPT2_SIZES[size], strict=True)))
         for seq in seqs:
             label = "step-nocache" if seq == 1 else f"prefill-s{seq}"
             zoo.append(ZooModel(f"gpt2-{size}-{label}", "decoder", f"gpt2-{size}.onnx", _tokens(1, seq), build))
@@ -269,7 +270,7 @@ def _build_zoo() -> list[ZooModel]:
 
     vit_cases = {"tiny": [1, 8], "small": [1], "base": [1]}
     for size, batches in vit_cases.items():
-        build = functools.partial(_vit, **dict(zip(("layers", "hidden", "heads"), VIT_SIZES[size])))
+        build = functools.partial(_vit, **dict(zip(("layers", "hidden", "heads"), VIT_SIZES[size], strict=True)))
         for batch in batches:
             zoo.append(ZooModel(f"vit-{size}-b{batch}", "vit", f"vit-{size}.onnx",
                                 {"pixel_values": InputSpec((batch, 3, 224, 224), "float32")}, build))

@@ -14,6 +14,10 @@ class BadInput(ValueError):
         if code is not None:
             self.code = code
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        """Its code survives the trip back from a worker process (pickle would rebuild it from the message only)."""
+        return (type(self), (str(self), self.code))
+
 
 class GraphError(BadInput):
     """A model that cannot be read, is malformed, or exceeds the limits."""

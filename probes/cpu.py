@@ -1,9 +1,10 @@
 """CPU probe: load by others than this agent, PSI, steal time, current vs maximum clocks.
 
 Load comes from /proc/stat deltas between two samples (psutil.cpu_percent's
-first call says 0.0, which would be a made-up reading); this process's own
-CPU time is subtracted so that the agent's own estimates and warm refreshes
-do not look like contention.
+first call says 0.0, which would be a made-up reading). The agent's whole
+process tree (probes/tree_cpu.py) is taken out, its CPU time from the busy
+cores and its running and waiting threads from the run queue, so that its
+calibrations, estimator workers and warm refreshes never look like contention.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
+from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles, parse_float, take
+from probes.tree_cpu import TreeCpu, TreeUsage
 
 STATIC_TTL_S = 60.0
 LIMIT_TTL_S = 5.0
@@ -37,12 +40,20 @@ class CpuTimes:
 
 
 @dataclass(frozen=True)
+class TreeShare:
+    """What one tracked process tree (an app running a monitored workload) used over the interval."""
+
+    cores: float  # cores it kept busy
+    waiting: float  # its threads waiting on a run queue, on average
+
+
+@dataclass(frozen=True)
 class CpuState:
     cores: int | None  # online CPUs
     load: float | None  # share of all cores kept busy by others than this process, 0..1
     busy_cores: float | None  # cores busy with anything
-    others_busy_cores: float | None  # cores busy with others than this process
-    own_cores: float | None  # cores used by this process
+    others_busy_cores: float | None  # cores busy with others than the agent's process tree
+    own_cores: float | None  # cores used by the agent's process tree
     # Tasks of others that want a CPU (running or waiting): the mean of the run-queue snapshots taken
     # over the interval (CpuProbe.tick), or one snapshot. Unlike busy cores this does not saturate at
     # the core count: it tells 2 busy processes on 2 cores from 6.
@@ -54,6 +65,7 @@ class CpuState:
     limit_mhz: float | None  # mean scaling_max_freq (a cap set by software or firmware)
     interval_s: float | None  # the window the load was measured over
     stale: dict[str, float] = field(default_factory=dict)
+    tracked: dict[int, TreeShare] = field(default_factory=dict)  # by pid: apps that run a monitored workload
 
     @property
     def demand(self) -> float | None:
@@ -137,20 +149,25 @@ class CpuProbe:
         self,
         sys_files: KernelFiles,
         proc_files: KernelFiles,
-        own_process: bool = True,
+        own: TreeCpu | None = None,
         clock: Callable[[], float] = time.monotonic,
-        own_cpu: Callable[[], float] = time.process_time,
     ) -> None:
-        """`own_process`: subtract this process's CPU time (only meaningful when reading the real /proc)."""
+        """`own`: the agent's process tree, taken out of what others use (only on the real /proc)."""
         self.sys = sys_files
         self.proc = proc_files
-        self.own_process = own_process
+        self.own = own
         self.clock = clock
-        self.own_cpu = own_cpu
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
-        self._prev: tuple[CpuTimes, float, float] | None = None  # times, wall, own cpu
+        self._prev: tuple[CpuTimes, float] | None = None  # times, wall
         self._snapshots_lock = threading.Lock()  # tick() runs on the event loop, sample() in a thread
         self._snapshots = (0, 0)  # sum and count of the run-queue snapshots since the last sample
+        self._tracked: frozenset[int] = frozenset()  # set from the event loop, read once per sample
+        self._trees: dict[int, TreeCpu] = {}
+
+    def track(self, pids: frozenset[int]) -> None:
+        """Measure these processes' trees too (apps that said they run a monitored workload): CpuState.tracked.
+        A pid's first sample has no reading (a delta needs two)."""
+        self._tracked = pids
 
     def tick(self) -> None:
         """One run-queue snapshot (/proc/loadavg: a small file, cheap to read), taken between samples
@@ -165,13 +182,17 @@ class CpuProbe:
     def sample(self) -> CpuState:
         stale: dict[str, float] = {}
         times = self.proc.read("stat", parse_proc_stat, max_bytes=_STAT_BYTES).value
-        now, own = self.clock(), self.own_cpu()
+        now = self.clock()
+        usage = self.own.read() if self.own is not None else None
+        tracked = self._read_tracked()
         busy_cores = others = own_cores = steal = load = interval = None
+        shares: dict[int, TreeShare] = {}
+        own_waiting = 0.0  # the tree's threads waiting on a run queue, on average
+        prev = self._prev
         if times is not None:
-            prev = self._prev
-            self._prev = (times, now, own)
+            self._prev = (times, now)
             if prev is not None:
-                before, then, own_before = prev
+                before, then = prev
                 d_total = times.total - before.total
                 d_busy, d_steal = times.busy - before.busy, times.steal - before.steal
                 if d_total > 0 and d_busy >= 0 and d_steal >= 0 and times.cores == before.cores:
@@ -179,12 +200,18 @@ class CpuProbe:
                     busy_cores = times.cores * d_busy / d_total
                     steal = d_steal / d_total
                     own_cores = 0.0
-                    if self.own_process:
-                        capacity_s = d_total / self._ticks_per_s
-                        own_cores = min(busy_cores, times.cores * (own - own_before) / capacity_s)
+                    capacity_s = d_total / self._ticks_per_s
+                    if usage is not None:
+                        own_cores = min(busy_cores, times.cores * usage.cpu_s / capacity_s)
+                        if usage.wait_s is not None and interval > 0:
+                            own_waiting = usage.wait_s / interval
                     others = max(0.0, busy_cores - own_cores)
                     load = others / times.cores
-        runnable = self._runnable(times, own_cores)
+                    shares = {pid: TreeShare(round(min(busy_cores, times.cores * u.cpu_s / capacity_s), 4),
+                                             round(u.wait_s / interval if u.wait_s is not None and interval > 0
+                                                   else 0.0, 4))
+                              for pid, u in tracked.items()}
+        runnable = self._runnable(times, (own_cores or 0.0) + own_waiting, first=prev is None)
         psi = take(self.proc.read("pressure/cpu", parse_psi_some_avg10), "cpu.psi_some_avg10", stale)
         cur, top, limit = self._clocks(stale)
         return CpuState(
@@ -201,19 +228,41 @@ class CpuProbe:
             limit_mhz=limit,
             interval_s=_round(interval),
             stale=stale,
+            tracked=shares,
         )
 
-    def _runnable(self, times: CpuTimes | None, own_cores: float | None) -> float | None:
+    def _read_tracked(self) -> dict[int, TreeUsage]:
+        """The tracked trees' use since the last sample; a pid seen for the first time gives none yet."""
+        pids = self._tracked
+        for gone in set(self._trees) - pids:
+            del self._trees[gone]
+        out = {}
+        for pid in pids:
+            if not self.proc.exists(f"{pid}/stat"):  # not (or no longer) there: measured from when it is
+                self._trees.pop(pid, None)
+                continue
+            tree = self._trees.get(pid)
+            if tree is None:
+                tree = self._trees[pid] = TreeCpu(self.proc, ProcessTree(self.proc, pid))
+            usage = tree.read()
+            if usage is not None:
+                out[pid] = usage
+        return out
+
+    def _runnable(self, times: CpuTimes | None, own_runnable: float, first: bool) -> float | None:
         """Mean of the snapshots since the last sample and this one, less the reader in each and
-        this process's own cores."""
+        the agent's own threads running or waiting, on average. None at the first sample: without an
+        interval the agent's own threads (its start-up, above all) cannot be taken out."""
         with self._snapshots_lock:
             total, count = self._snapshots
             self._snapshots = (0, 0)
+        if first:
+            return None
         if times is not None and times.running is not None:
             total, count = total + times.running, count + 1
         if count == 0:
             return None
-        return max(0.0, total / count - 1.0 - (own_cores or 0.0))
+        return max(0.0, total / count - 1.0 - own_runnable)
 
     def _clocks(self, stale: dict[str, float]) -> tuple[float | None, float | None, float | None]:
         curs, maxes, limits = [], [], []

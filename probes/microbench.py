@@ -4,7 +4,7 @@ Many grid points share one session: each is an independent node with its own
 input, and onnxruntime's profiler reports every kernel's own time, so one
 session run measures a whole slice of a grid and session creation is paid a
 few times per family, not once per point. Points whose work would take too
-long are skipped; the cost model extrapolates to them (monitors/costmodel.py).
+long are skipped; the cost model extrapolates to them (monitors/pricing/costmodel.py).
 Per-kernel dispatch and per-run overheads are measured with chains of tiny
 kernels timed by the wall clock; the cache that really holds weights between
 inferences, and the rate beyond it, by reads over growing working sets.
@@ -19,8 +19,8 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -28,10 +28,8 @@ import onnxruntime as ort
 import psutil
 from onnx import TensorProto, helper, numpy_helper
 
-from monitors.calibration import FORMAT_VERSION, Calibration, FamilyTable
-from monitors.costmodel import work_of
-from monitors.kernels import COMPUTE_FAMILIES
 from probes import refresh
+from probes.calibration import COMPUTE_FAMILIES, FORMAT_VERSION, Calibration, FamilyTable, work_of
 
 OPSET = 17
 IR_VERSION = 9
@@ -50,19 +48,29 @@ def grids(quick: bool) -> list[Grid]:
 
     Not the compute grids: their efficiency is concave in log size, so interpolating over every
     other point priced the kernels in between high (the zoo's share within +/-25 % fell from 95 %
-    to 68 % on the same readings: docs/accuracy.md)."""
+    to 68 % on the same readings)."""
     hw = (2, 4, 7, 14, 28, 56, 112)
     g = [
         Grid("conv", (tuple(x * x for x in hw), (27.0, 144.0, 576.0, 2304.0), (16.0, 64.0, 256.0, 512.0)), 1.6e9),
         Grid("conv1x1", (tuple(x * x for x in hw), (16.0, 64.0, 256.0, 1024.0), (16.0, 64.0, 256.0, 1024.0)), 1.6e9),
         Grid("dwconv", ((16.0, 64.0, 256.0, 1024.0), tuple(x * x for x in hw), (9.0, 25.0)), 1e9),
-        Grid("gemm", ((1.0, 8.0, 64.0, 512.0, 4096.0), (64.0, 256.0, 1024.0, 4096.0), (64.0, 256.0, 1024.0, 4096.0)),
-             4.5e9),
+        Grid("gemm", ((1.0, 8.0, 64.0, 512.0, 4096.0), (64.0, 256.0, 1024.0, 4096.0),
+                      (64.0, 256.0, 1024.0, 4096.0, 32768.0)), 4.5e9),
         Grid("bmm", ((1.0, 8.0, 64.0), (1.0, 32.0, 256.0, 1024.0), (32.0, 128.0, 512.0), (32.0, 128.0, 512.0)), 1e9),
+        # LLM kernels: block-quantized and int8 weights at decode (M = 1) and prefill sizes; attention over
+        # prefills (past 0) and decode steps (one token) only, the two lines an app's generation runs on.
+        # (N up to a vocabulary's 32768: an LM head's wide products run at half the efficiency of narrower ones)
+        Grid("nbits", ((1.0, 16.0, 128.0, 1024.0), (256.0, 1024.0, 4096.0), (256.0, 1024.0, 4096.0, 32768.0)),
+             2.2e9),
+        Grid("nbits_f", ((1.0, 128.0, 1024.0), (256.0, 4096.0), (256.0, 4096.0, 32768.0)), 2.2e9),
+        Grid("qgemm", ((1.0, 64.0, 512.0), (256.0, 1024.0, 4096.0), (256.0, 4096.0, 32768.0)), 1.1e9),
+        Grid("gqa", ((4.0, 16.0), (1.0, 16.0, 128.0, 512.0, 2048.0), (1.0, 16.0, 128.0, 512.0, 2048.0, 8192.0),
+                     (64.0, 128.0)), 5e9),
     ]
     sizes = tuple(float(2 ** k) for k in range(8, 27, 2))  # 256 B .. 64 MiB moved
     for op in MEMORY_OPS:
-        g.append(Grid(op, (sizes,), 2 ** 27))
+        # a quantized gather moves 3 GB/s: up to 8 MiB (a prompt of 2,048 tokens of width 1,024)
+        g.append(Grid(op, (sizes,), 2 ** 23 if op == "GatherBlockQuantized" else 2 ** 27))
     if quick:  # no point of more than a third of the largest work; memory-bound ops every other size
         g = [Grid(x.family, x.axes if x.family in COMPUTE_FAMILIES else tuple(_thin(a) for a in x.axes),
                   x.max_work / 3) for x in g]
@@ -130,7 +138,65 @@ def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator
         return _Point([helper.make_node("MatMul", [x, w], [y], name=y)],
                       [helper.make_tensor_value_info(x, f32, [b, m, k]),
                        helper.make_tensor_value_info(w, f32, [b, k, n])], [], y)
+    if family in ("nbits", "nbits_f"):
+        return _nbits_point(p, x, y, tag, rng, accuracy=4 if family == "nbits" else 1)
+    if family == "qgemm":
+        m, k, n = (int(v) for v in p)
+        scale, zero = f"s_{tag}", f"z_{tag}"
+        return _Point([helper.make_node("DynamicQuantizeMatMul", [x, w, scale, zero], [y], name=y, domain=MS)],
+                      [helper.make_tensor_value_info(x, f32, [m, k])],
+                      [numpy_helper.from_array(_bytes((k, n), rng).view(np.int8), w),
+                       numpy_helper.from_array(np.array(0.01, np.float32), scale),
+                       numpy_helper.from_array(np.array(0, np.int8), zero)], y)
+    if family == "gqa":
+        return _gqa_point(p, x, y, tag, rng)
     return MEMORY_OPS[family](p[0], x, y, tag, rng)
+
+
+NBITS_BLOCK = 32  # onnxruntime-genai's block size for int4 on the CPU
+
+
+def _bytes(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random bytes of `shape` (a view of the noise pool)."""
+    count = math.prod(shape)
+    return _noise((-(-count // 4),), rng).view(np.uint8)[:count].reshape(shape)
+
+
+def _nbits_point(p: tuple[float, ...], x: str, y: str, tag: str, rng: np.random.Generator, accuracy: int) -> _Point:
+    """MatMulNBits of 4-bit weights in blocks of 32 along K, one float scale per block: onnxruntime-genai's
+    int4 layout ([N, K / block, block / 2] bytes)."""
+    m, k, n = (int(v) for v in p[:3])
+    w, scale = f"w_{tag}", f"s_{tag}"
+    blocks = k // NBITS_BLOCK
+    return _Point([helper.make_node("MatMulNBits", [x, w, scale], [y], name=y, domain=MS, K=k, N=n, bits=4,
+                                    block_size=NBITS_BLOCK, accuracy_level=accuracy)],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [m, k])],
+                  [numpy_helper.from_array(_bytes((n, blocks, NBITS_BLOCK // 2), rng), w),
+                   numpy_helper.from_array(np.abs(_noise((n * blocks,), rng)) * 0.01 + 0.001, scale)], y)
+
+
+GQA_GROUP = 4  # query heads per KV head in the calibration (Qwen2.5: 7, SmolLM2: 3, Gemma: 4, Phi-3: 1)
+
+
+def _gqa_point(p: tuple[float, ...], x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """GroupQueryAttention as onnxruntime-genai writes it for the CPU: query, key and value packed in one
+    input, rotary applied inside, the past cache [1, KV heads, past, head] appended to (a new present)."""
+    heads, seq, past, head = int(p[0]), int(p[1]), int(p[2]) - 1, int(p[3])
+    kv_heads = max(1, heads // GQA_GROUP)
+    pk, pv, lens, total, cos, sin = (f"{n}_{tag}" for n in ("pk", "pv", "len", "tot", "cos", "sin"))
+    positions = past + seq
+    f32 = TensorProto.FLOAT
+    node = helper.make_node("GroupQueryAttention", [x, "", "", pk, pv, lens, total, cos, sin],
+                            [y, f"{y}_k", f"{y}_v"], name=y, domain=MS, num_heads=heads, kv_num_heads=kv_heads,
+                            do_rotary=1, scale=1.0 / math.sqrt(head))
+    angles = np.outer(np.arange(positions, dtype=np.float32), np.ones(head // 2, np.float32) * 1e-3)
+    return _Point([node],
+                  [helper.make_tensor_value_info(x, f32, [1, seq, (heads + 2 * kv_heads) * head]),
+                   helper.make_tensor_value_info(pk, f32, [1, kv_heads, past, head]),
+                   helper.make_tensor_value_info(pv, f32, [1, kv_heads, past, head])],
+                  [numpy_helper.from_array(np.array([positions - 1], np.int32), lens),
+                   numpy_helper.from_array(np.array(positions, np.int32), total),
+                   numpy_helper.from_array(np.cos(angles), cos), numpy_helper.from_array(np.sin(angles), sin)], y)
 
 
 def _rows(elements: float, width: int = 256) -> list[int]:
@@ -177,6 +243,46 @@ def _with_params(op: str, count: int, domain: str = "", **attrs) -> Callable:
                       [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
                       [_rand((shape[1],), q, rng) for q in params], y)
     return build
+
+
+def _skip_norm(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """SkipSimplifiedLayerNormalization as a decoder layer runs it: x and the residual in, the normalised
+    output and the residual sum out (4 tensors moved)."""
+    shape = _rows(nbytes / 16, 1024)
+    skip, gamma = f"k_{tag}", f"g_{tag}"
+    return _Point([helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, gamma], [y, "", "", f"{y}_sum"],
+                                    name=y, domain=MS, epsilon=1e-6)],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape),
+                   helper.make_tensor_value_info(skip, TensorProto.FLOAT, shape)],
+                  [_rand((shape[1],), gamma, rng)], y)
+
+
+def _rotary(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """RotaryEmbedding of a [1, tokens, 4 heads x 64] tensor (the positions and tables are constants)."""
+    tokens = max(int(nbytes / 8 / 256), 1)
+    positions, cos, sin = f"p_{tag}", f"c_{tag}", f"s_{tag}"
+    angles = np.outer(np.arange(tokens, dtype=np.float32), np.ones(32, np.float32) * 1e-3)
+    return _Point([helper.make_node("RotaryEmbedding", [x, positions, cos, sin], [y], name=y, domain=MS,
+                                    num_heads=4)],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, tokens, 256])],
+                  [numpy_helper.from_array(np.arange(tokens, dtype=np.int64)[None], positions),
+                   numpy_helper.from_array(np.cos(angles), cos), numpy_helper.from_array(np.sin(angles), sin)], y)
+
+
+def _gather_quantized(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """GatherBlockQuantized: rows of a 4-bit table of width 1024 (blocks of 32) into float; the bytes moved
+    count the indices read and the rows written, as the planner counts them."""
+    width, rows = 1024, max(int(nbytes / (8 + 4 * 1024)), 1)
+    table, scales = f"w_{tag}", f"s_{tag}"
+    return _Point([helper.make_node("GatherBlockQuantized", [table, x, scales], [y], name=y, domain=MS,
+                                    bits=4, block_size=32, gather_axis=0, quantize_axis=1)],
+                  [helper.make_tensor_value_info(x, TensorProto.INT64, [1, rows])],
+                  [numpy_helper.from_array(_bytes((GATHER_ROWS, width // 2), rng), table),
+                   numpy_helper.from_array(np.abs(_noise((GATHER_ROWS, width // 32), rng)) * 0.01 + 0.001, scales)],
+                  y)
+
+
+GATHER_ROWS = 4096
 
 
 def _transpose(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
@@ -235,6 +341,10 @@ MEMORY_OPS: dict[str, Callable[..., _Point]] = {
     "GlobalAveragePool": _image_op("GlobalAveragePool", out_ratio=0.0),
     "Resize": _image_op("Resize", out_ratio=4.0, mode="nearest"),
     "LRN": _image_op("LRN", size=5),
+    "SimplifiedLayerNormalization": _with_params("SimplifiedLayerNormalization", 1, axis=-1, epsilon=1e-6),
+    "SkipSimplifiedLayerNormalization": _skip_norm,
+    "RotaryEmbedding": _rotary,
+    "GatherBlockQuantized": _gather_quantized,
 }
 
 
@@ -250,8 +360,14 @@ def _model(points: list[_Point]) -> onnx.ModelProto:
 
 def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
     # Copies: inputs that shared memory would be cached together and read faster than a model's.
-    return {i.name: (rng.random(tuple(i.shape)) < 0.5 if i.type == "tensor(bool)" else _noise(i.shape, rng).copy())
-            for i in session.get_inputs()}
+    # Integer inputs are row indices (the quantized gathers' points: tables of GATHER_ROWS rows).
+    def feed(i) -> np.ndarray:
+        if i.type == "tensor(bool)":
+            return rng.random(tuple(i.shape)) < 0.5
+        if i.type == "tensor(int64)":
+            return rng.integers(0, GATHER_ROWS, tuple(i.shape), dtype=np.int64)
+        return _noise(i.shape, rng).copy()
+    return {i.name: feed(i) for i in session.get_inputs()}
 
 
 def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: list[str],
@@ -383,7 +499,7 @@ def overheads(short_s: float, long_s: float) -> tuple[float, float]:
 class MemoryLevels:
     """What the weights of a model too big for the cache cost: where the cache really ends, and the rate
     beyond it. The size sysfs reports can be far from the share a virtual machine gets of a host's
-    cache (260 MiB reported, about 64 MiB held, on the machine the docs were measured on)."""
+    cache (260 MiB reported, about 64 MiB held, on a 2-core Intel Xeon VM)."""
 
     cache_bytes: int  # the largest working set still read at a cached rate
     stream_bytes_per_s: float  # the read rate beyond it, from memory
@@ -425,6 +541,63 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
             best = min(best, (time.perf_counter() - t0) / passes)
         rates.append((size, size / best))
     return memory_levels(rates, reported_cache)
+
+
+class QuantizedReads:
+    """How a decode step reads block-quantized weights beyond the cache: chains of MatMulNBits of one row
+    each over different weights, twice the reported cache in all (48 to 128 MiB), per compute kind.
+
+    A decode step runs hundreds of such kernels of a few MB each; each starts cold (its threads meet, its
+    first lines come from memory) and they unpack as they read. Two chains over the same bytes, one of many
+    small kernels and one of a few large ones, give both parts: the time per kernel and the read rate
+    (the cost model prices these kernels' weights at that rate relative to the float one at that working
+    set, plus the time per kernel). The sessions are made once; each pass times them again.
+    """
+
+    SMALL, LARGE = 64, 4  # kernels in each chain
+
+    def __init__(self, reported_cache: int, rng: np.random.Generator) -> None:
+        target = min(max(2 * reported_cache, 48 * 2 ** 20), 128 * 2 ** 20, psutil.virtual_memory().available // 8)
+        self.k = 1024
+        per_column = self.k // 2 + (self.k // NBITS_BLOCK) * 4  # packed bytes and float scales of one column
+        columns = max(64 * self.SMALL, target // per_column // (64 * self.SMALL) * 64 * self.SMALL)
+        self.bytes = columns * per_column
+        self.x = np.full((1, self.k), 0.5, np.float32)
+        self.sessions: dict[tuple[str, int], ort.InferenceSession] = {}
+        for family, accuracy in (("nbits", 4), ("nbits_f", 1)):
+            for count in (self.SMALL, self.LARGE):
+                self.sessions[(family, count)] = self._chain(count, columns // count, accuracy, rng)
+
+    def _chain(self, count: int, n: int, accuracy: int, rng: np.random.Generator) -> ort.InferenceSession:
+        """`count` MatMulNBits of x [1, K] by K x n weights each, all reading the same x (independent kernels)."""
+        points = [_nbits_point((1, self.k, n), "x", f"y{i}", f"c{i}", rng, accuracy) for i in range(count)]
+        for point in points:
+            point.inputs.clear()
+        model = _model(points)
+        model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.k]))
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+    def measure(self) -> dict[str, tuple[int, float, float]]:
+        """family -> (working set bytes, bytes per second, seconds per kernel), from the fastest of five runs
+        of each chain."""
+        times: dict[tuple[str, int], float] = {}
+        for key, session in self.sessions.items():
+            session.run(None, {"x": self.x})
+            best = math.inf
+            for _ in range(5):
+                t0 = time.perf_counter()
+                session.run(None, {"x": self.x})
+                best = min(best, time.perf_counter() - t0)
+            times[key] = best
+        out = {}
+        for family in ("nbits", "nbits_f"):
+            small, large = times[(family, self.SMALL)], times[(family, self.LARGE)]
+            per_kernel = max(0.0, (small - large) / (self.SMALL - self.LARGE))
+            streaming = max(large - self.LARGE * per_kernel, 1e-6)
+            out[family] = (self.bytes, self.bytes / streaming, per_kernel)
+        return out
 
 
 def _vector_matrix_session(width: int) -> ort.InferenceSession:
@@ -481,7 +654,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # Tensors per calibration session: about as many as pass through the cache between one inference
     # of a model and the next, so that a point's operands are about as warm as a model's are (weights
     # beyond the cache: costmodel.py). Half the reported cache, not the measured one: sessions within the
-    # cache that is really held read models faster and spread more (docs/accuracy.md).
+    # cache that is really held read every model 15-20 % fast and spread more.
     budget_bytes = max(min(96 * 2 ** 20, reported_cache // 2), 4 * 2 ** 20)
 
     def measure(grid: Grid, pts: list[tuple[float, ...]]) -> Iterable[tuple[list[tuple[float, ...]], dict]]:
@@ -491,7 +664,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 times = _gpu_times(built, runs, rng)
             else:
                 times = _profile_points(built, runs, providers, rng)
-            yield batch, {p: times[b.output] for p, b in zip(batch, built) if times.get(b.output, 0) > 0}
+            yield batch, {p: times[b.output] for p, b in zip(batch, built, strict=True) if times.get(b.output, 0) > 0}
 
     # Every point, the overhead chains and the memory sweep are read in each of three passes over all
     # the grids (one in quick calibration), so that their readings lie seconds apart, and each keeps
@@ -504,6 +677,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # The warm refresh's reference is read in each pass too and keeps its fastest, as the points do: it must
     # describe the same quiet device as the tables, and a host's slow phase can outlast three refreshes in a row.
     refreshes: list[dict[str, float]] = []
+    quantized: QuantizedReads | None = None
+    quantized_rates: dict[str, tuple[int, float, float]] = {}
     for _ in range(passes):
         for grid, pts in plan:
             for batch, times in measure(grid, pts):
@@ -515,6 +690,11 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             sweeps.append(measure_memory(reported_cache))
+            if quantized is None:
+                quantized = QuantizedReads(reported_cache, rng)
+            for family, reading in quantized.measure().items():
+                if family not in quantized_rates or reading[1] > quantized_rates[family][1]:
+                    quantized_rates[family] = reading
             refreshes.append(refresh.measure())
         done += 1 / passes
         if progress:
@@ -542,6 +722,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         stream_bytes_per_s=memory.stream_bytes_per_s,
         cache_bytes=memory.cache_bytes,
         read_rates=memory.rates,
+        quantized_read_rates=quantized_rates,
     )
 
 
@@ -549,7 +730,7 @@ def _disturbed(grid: Grid, measured: dict[tuple[float, ...], float]) -> list[tup
     """Points much less efficient than their grid neighbours: most likely disturbed while measured
     (another process, a page fault storm), so worth measuring again. A real cliff (out of the
     cache) measures the same again and stays."""
-    index = {p: tuple(axis.index(v) for axis, v in zip(grid.axes, p)) for p in measured}
+    index = {p: tuple(axis.index(v) for axis, v in zip(grid.axes, p, strict=True)) for p in measured}
     at = {i: p for p, i in index.items()}
     eff = {p: work_of(grid.family, p) / t for p, t in measured.items()}
     suspects = []
@@ -562,11 +743,27 @@ def _disturbed(grid: Grid, measured: dict[tuple[float, ...], float]) -> list[tup
 
 
 def _feasible(family: str, p: tuple[float, ...]) -> bool:
-    """Weight matrices up to 64 MiB: larger ones are priced by the streaming rate."""
+    """Weight matrices up to 64 MiB: larger ones are priced by the streaming rate. Attention is measured
+    on prefills (past 0: p[2] == 1) and decode steps (one new token) only; the wide products (N = WIDE)
+    at up to 64 rows and K up to 1024, what a decode step and a short prompt's LM head run."""
+    if family == "gqa":
+        return p[2] == 1.0 or p[1] == 1.0
+    if p[-1] >= WIDE and family in ("gemm", "nbits", "nbits_f", "qgemm"):
+        return p[0] <= 64 and p[1] <= 1024 and p[1] * p[2] * 4 <= 64 * 2 ** 20  # an LM head's few rows
     return family != "gemm" or p[1] * p[2] * 4 <= 64 * 2 ** 20
 
 
+WIDE = 32768.0  # the wide products' N (an LM head's vocabulary)
+
+
 def _point_bytes(family: str, p: tuple[float, ...]) -> float:
+    if family in ("nbits", "nbits_f"):
+        return 4.0 * (p[0] * p[1] + p[0] * p[2]) + p[1] * p[2] / 2
+    if family == "qgemm":
+        return 4.0 * (p[0] * p[1] + p[0] * p[2]) + p[1] * p[2]
+    if family == "gqa":
+        kv_heads = max(1.0, p[0] // GQA_GROUP)
+        return 4.0 * (p[1] * (p[0] + 2 * kv_heads) * p[3] * 2 + 4 * kv_heads * (p[2] + p[1]) * p[3])
     if family in ("conv", "conv1x1"):
         taps = 1 if family == "conv1x1" else 9
         return 4.0 * (p[0] * (p[1] / taps + p[2]) + p[1] * p[2])
@@ -611,15 +808,17 @@ def fingerprint(device: str) -> dict[str, str]:
 def gpu_model() -> str:
     """The first GPU's name from NVML ('' where NVML cannot tell): a new GPU means a new calibration."""
     try:
-        import pynvml
-
+        import pynvml  # noqa: PLC0415 - optional, as in probes/gpu.py: without it there is no GPU to name
+    except ImportError:
+        return ""
+    try:
         pynvml.nvmlInit()
         try:
             name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
             return name.decode() if isinstance(name, bytes) else str(name)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library, no device: nothing to name
+    except (pynvml.NVMLError, OSError, UnicodeDecodeError):  # no driver, a broken library, no device
         return ""
 
 

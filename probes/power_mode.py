@@ -23,7 +23,8 @@ SYSTEM_BUS_SOCKET = "/run/dbus/system_bus_socket"
 
 # (bus name, object path, interface): the current name, then the old one (ppd < 0.20).
 PPD_NAMES = (
-    ("org.freedesktop.UPower.PowerProfiles", "/org/freedesktop/UPower/PowerProfiles", "org.freedesktop.UPower.PowerProfiles"),
+    ("org.freedesktop.UPower.PowerProfiles", "/org/freedesktop/UPower/PowerProfiles",
+     "org.freedesktop.UPower.PowerProfiles"),
     ("net.hadess.PowerProfiles", "/net/hadess/PowerProfiles", "net.hadess.PowerProfiles"),
 )
 
@@ -129,7 +130,7 @@ class PpdWatcher:
     def _refresh(self) -> None:
         try:
             answer = self._query()
-        except Exception:  # a broken bus must not take the sampler down
+        except Exception:  # noqa: BLE001 - an injected query (gdbus by default): a broken bus must not stop the sampler
             answer = None
         with self._lock:
             self._answer = answer
@@ -156,7 +157,8 @@ class PowerModeProbe:
         if policy is not None:
             base = f"{self.CPUFREQ}/{policy}"
             governor = take(self.files.read_word(f"{base}/scaling_governor", GOVERNOR_TTL_S), "power.governor", stale)
-            epp = take(self.files.read_word(f"{base}/energy_performance_preference", GOVERNOR_TTL_S), "power.epp", stale)
+            epp = take(self.files.read_word(f"{base}/energy_performance_preference", GOVERNOR_TTL_S), "power.epp",
+                       stale)
         ppd_profile = answer.active_profile if answer else None
         return PowerModeState(
             power_mode=profile if profile is not None else ppd_profile,

@@ -13,7 +13,8 @@ from probes.sysfs import KernelFiles, parse_int, parse_word, take
 
 STATIC_TTL_S = 60.0
 # Types of power_supply that feed the device from outside.
-ADAPTER_TYPES = frozenset({"Mains", "USB", "USB_C", "USB_PD", "USB_PD_DRP", "USB_DCP", "USB_CDP", "USB_ACA", "BrickID", "Wireless"})
+ADAPTER_TYPES = frozenset({"Mains", "USB", "USB_C", "USB_PD", "USB_PD_DRP", "USB_DCP", "USB_CDP", "USB_ACA", "BrickID",
+                           "Wireless"})
 # Battery `status` values, as the kernel spells them, to our names.
 _STATUS = {"Charging": "charging", "Discharging": "discharging", "Full": "full", "Not charging": "not-charging"}
 

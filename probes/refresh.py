@@ -25,16 +25,15 @@ Why a mean over a window and not the median run: under time slicing a
 short run either fits between preemptions or waits a whole slice, so single
 runs are bimodal; the mean over many runs is what an app's throughput sees.
 Why not the share of a core times an assumed penalty for the lock-stepped
-waits (the design until 2026-11-21): that penalty depends on the machine's
-scheduler and hypervisor, and a constant fitted on one machine read 27-55 %
-high on another (docs/device-state.md).
+waits: that penalty depends on the machine's scheduler and hypervisor, and a
+constant fitted on one machine read 27-55 % high on another
+(docs/device-state.md).
 
 The sessions are created once and cached; one refresh runs until the process
 has used `CPU_BUDGET_S` of CPU (so it lasts longer when the probe gets less
 of a core, and sees more slices), or `MAX_WALL_S` has passed.
 
-`RefreshPolicy` (pure) says when to refresh: periodically, and soon after
-the state changes markedly, within a CPU budget of 1 % of a core.
+When to refresh is monitors/speed/refresh_policy.py's to say.
 """
 
 from __future__ import annotations
@@ -43,10 +42,13 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+import onnx
+import psutil
+from onnx import TensorProto, helper, numpy_helper
 
 CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
@@ -71,28 +73,28 @@ HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS = 3, 32, 112
 HANDOFF_MB = 12.845
 
 
-def _layer(kind: str, i: int, x: str, channels: int, rng: np.random.Generator) -> tuple[list, object]:
+def _layer(kind: str, i: int, x: str, channels: int,
+           rng: np.random.Generator) -> tuple[list[onnx.NodeProto], TensorProto]:
     """One probe layer (a convolution and its Relu) reading `x`: nodes and weight."""
-    from onnx import helper, numpy_helper
-
+    attrs: dict[str, Any]
     if kind == "conv":
         w, attrs = rng.standard_normal((channels, channels, 3, 3)) * 0.05, {"pads": [1, 1, 1, 1]}
     elif kind == "depthwise":
         w, attrs = rng.standard_normal((channels, 1, 3, 3)) * 0.1, {"pads": [1, 1, 1, 1], "group": channels}
     else:  # pointwise
         w, attrs = rng.standard_normal((channels, channels, 1, 1)) * 0.1, {}
-    nodes = [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], **attrs), helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+    nodes = [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], **attrs),
+             helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
     return nodes, numpy_helper.from_array(w.astype(np.float32), f"w{i}")
 
 
 def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[bytes, dict[str, np.ndarray]]:
     """A probe graph (serialized ONNX) and its input, built in memory: `layers` in a chain."""
-    import onnx
-    from onnx import TensorProto, helper
-
     rng = np.random.default_rng(0)
     shape = [1, channels, pixels, pixels]
-    nodes, weights, x = [], [], "x"
+    nodes: list[onnx.NodeProto] = []
+    weights: list[TensorProto] = []
+    x = "x"
     for i, kind in enumerate(layers):
         layer_nodes, weight = _layer(kind, i, x, channels, rng)
         nodes += layer_nodes
@@ -116,12 +118,7 @@ def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
 
 def default_threads() -> int:
     """onnxruntime's default intra-op thread count: the physical cores."""
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:
-        return os.cpu_count() or 1
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 class WarmRefresh:
@@ -129,7 +126,7 @@ class WarmRefresh:
 
     def __init__(self, threads: int | None = None, cpu_budget_s: float = CPU_BUDGET_S,
                  max_wall_s: float = MAX_WALL_S) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # noqa: PLC0415 - ~0.1 s to import: only once the probe's sessions are made
 
         self.threads = threads or default_threads()
         self.cores = os.cpu_count() or self.threads
@@ -221,7 +218,7 @@ def handoff_ms_per_mb(now: dict[str, float], reference: dict[str, float]) -> flo
     each other (Plan.written_mb): the handoff probe's time beyond what the compute probe's slowdown explains.
 
     On a host whose vCPUs sit apart some of the time, that extra grows with the bytes a model writes and not
-    with its time (docs/device-state.md, "the host's slow phase"), so it is added to an estimate, not
+    with its time (docs/device-state.md, "Current figures"), so it is added to an estimate, not
     multiplied in. Never below 0 (the calibration is the quiet device); None when either reading lacks a probe.
     """
     ratio = slowdown(now, reference)
@@ -230,108 +227,3 @@ def handoff_ms_per_mb(now: dict[str, float], reference: dict[str, float]) -> flo
         return None
     extra = 1000.0 * (a - ratio * b) / HANDOFF_MB
     return max(0.0, extra) if math.isfinite(extra) else None
-
-
-@dataclass(frozen=True)
-class Marks:
-    """The parts of a DeviceState whose change calls for a new measurement."""
-
-    throttling: bool | None
-    demand: float | None  # other tasks wanting a CPU (CpuState.demand)
-    power_mode: str | None
-    plugged: bool | None
-    limit_mhz: float | None
-    epp: str | None
-
-    @classmethod
-    def of(cls, state) -> "Marks":
-        return cls(
-            throttling=state.thermal.cpu_throttling,
-            demand=state.cpu.demand,
-            power_mode=state.power.power_mode,
-            plugged=state.battery.plugged,
-            limit_mhz=state.cpu.limit_mhz,
-            epp=state.power.epp,
-        )
-
-    def differs(self, other: "Marks", load_delta_cores: float) -> str | None:
-        """Why `other` is markedly different from these marks, or None."""
-        if bool(self.throttling) != bool(other.throttling):
-            return "throttling"
-        a, b = self.demand, other.demand
-        if a is not None and b is not None and abs(a - b) > load_delta_cores:
-            return "load"
-        if self.power_mode != other.power_mode:
-            return "power mode"
-        if self.plugged != other.plugged:
-            return "plugged"
-        if self.epp != other.epp:
-            return "energy/performance preference"
-        x, y = self.limit_mhz, other.limit_mhz
-        if (x is None) != (y is None) or (x and y and abs(x - y) > 0.05 * max(x, y)):
-            return "clock limit"
-        return None
-
-
-@dataclass
-class RefreshPolicy:
-    """When to run a warm refresh (pure: the caller passes the time).
-
-    Due every `period_s`, and as soon as the budget allows after a marked state
-    change (throttling flips, load by others moves by more than
-    `load_delta_cores` since the last measurement, power mode, plugged, EPP or
-    clock limit changes). After a refresh that cost `cpu_s` of CPU, the next
-    one waits at least cpu_s / budget_fraction, so that refreshes never take
-    more than `budget_fraction` of a core on average, however much the state
-    flaps.
-    """
-
-    period_s: float = 60.0
-    load_delta_cores: float = 0.5
-    budget_fraction: float = 0.01
-    min_gap_s: float = 2.0
-    last_refresh_at: float | None = None
-    last_change_at: float | None = None
-    last_change: str | None = None
-    next_allowed_at: float = -math.inf
-    _baseline: Marks | None = field(default=None, repr=False)  # the state of the last measurement
-    _changed_to: Marks | None = field(default=None, repr=False)  # the state that last marked a change
-
-    def observe(self, state, now: float) -> str | None:
-        """Feed each sampled state; returns what changed markedly (and records when), or None."""
-        marks = Marks.of(state)
-        if self._baseline is None:
-            self._baseline = marks
-            return None
-        why = self._baseline.differs(marks, self.load_delta_cores)
-        if why is None:
-            return None
-        if self._changed_to is not None and self._changed_to.differs(marks, self.load_delta_cores) is None:
-            return None  # the same change as before, still pending
-        self._changed_to = marks
-        self.last_change_at = now
-        self.last_change = why
-        return why
-
-    def change_pending(self) -> bool:
-        if self.last_change_at is None:
-            return False
-        return self.last_refresh_at is None or self.last_change_at > self.last_refresh_at
-
-    def due(self, now: float) -> bool:
-        if now < self.next_allowed_at:
-            return False
-        if self.last_refresh_at is None or self.change_pending():
-            return True
-        return now - self.last_refresh_at >= self.period_s
-
-    def refreshed(self, state, started_at: float, cpu_s: float) -> None:
-        """Record a refresh that started at `started_at` (in `state`) and cost `cpu_s` of CPU."""
-        self.last_refresh_at = started_at
-        self._baseline = Marks.of(state)
-        self._changed_to = None
-        self.next_allowed_at = started_at + max(self.min_gap_s, cpu_s / self.budget_fraction)
-
-    def measurement_current(self) -> bool:
-        """True when the latest measurement was taken after the last marked state change."""
-        return self.last_refresh_at is not None and not self.change_pending()

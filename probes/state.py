@@ -11,16 +11,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.accelerators import AcceleratorProbe, AcceleratorState
 from probes.cpu import CpuProbe, CpuState
-from probes.gpu import GpuProbe, GpuState
+from probes.drm import DrmClients
+from probes.gpu import GpuProbe, GpuState, Nvml
 from probes.memory import MemoryProbe, MemoryState
 from probes.power_mode import PowerModeProbe, PowerModeState, PpdWatcher
 from probes.power_supply import PowerSupplyProbe, PowerSupplyState
+from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
-from probes.thermal import ThermalState, ThermalProbe
+from probes.thermal import ThermalProbe, ThermalState
+from probes.tree_cpu import TreeCpu
 
 TICKS_PER_SAMPLE = 10  # run-queue snapshots (Sampler.tick) per sample interval
 ONE_SHOT_WINDOW_S = 0.2  # the window a one-shot reader samples over (load is a delta between two samples)
@@ -33,7 +38,8 @@ class DeviceState:
     power: PowerModeState
     cpu: CpuState
     memory: MemoryState
-    gpus: tuple[GpuState, ...] = ()
+    gpus: tuple[GpuState, ...] = ()  # NVML's GPUs (the contract's `gpus`)
+    accelerators: tuple[AcceleratorState, ...] = ()  # every GPU and NPU, NVML's included
     notes: tuple[str, ...] = ()  # what could not be seen, and why (local only)
     taken_at: float = field(default_factory=time.time)  # wall clock, seconds since the epoch
 
@@ -49,7 +55,12 @@ class DeviceState:
             ages.update(part.stale)
         for gpu in self.gpus:
             ages.update({f"gpus.{gpu.index}.{k}": v for k, v in gpu.stale.items()})
+        for acc in self.accelerators:
+            ages.update({f"accelerators.{acc.id}.{k}": v for k, v in acc.stale.items()})
         return ages
+
+    def accelerator(self, id_: str) -> AcceleratorState | None:
+        return next((a for a in self.accelerators if a.id == id_), None)
 
     def to_json(self) -> dict[str, Any]:
         """The `daop-agent state --json` object: the contract's fields first, then the details."""
@@ -118,10 +129,27 @@ class DeviceState:
                 }
                 for g in self.gpus
             ],
+            "accelerators": [accelerator_json(a) for a in self.accelerators],
             "stale": self.stale,
             "notes": list(self.notes),
             "taken_at": round(self.taken_at, 3),
         }
+
+
+def accelerator_json(a: AcceleratorState) -> dict[str, Any]:
+    """One accelerator in `state --json`: what it is, then its load, memory, clocks and power."""
+    return {
+        "id": a.id, "kind": a.kind, "vendor": a.vendor, "driver": a.driver, "name": a.name, "pci_slot": a.pci_slot,
+        "node": a.node, "nvml_index": a.nvml_index, "shares_system_memory": a.shares_system_memory,
+        "busy": a.busy, "others_busy": a.others_busy, "own_busy": a.own_busy, "busy_source": a.busy_source,
+        "engines": a.engines, "clients": a.clients, "own_clients": a.own_clients,
+        "memory_total_bytes": a.memory_total_bytes, "memory_used_bytes": a.memory_used_bytes,
+        "memory_free_bytes": a.memory_free_bytes, "others_memory_bytes": a.others_memory_bytes,
+        "gtt_total_bytes": a.gtt_total_bytes, "gtt_used_bytes": a.gtt_used_bytes,
+        "clock_mhz": a.clock_mhz, "clock_max_mhz": a.clock_max_mhz, "clock_limit_mhz": a.clock_limit_mhz,
+        "throttled": a.throttled, "throttle_reasons": list(a.throttle_reasons),
+        "power_w": a.power_w, "power_limit_w": a.power_limit_w, "temp_c": a.temp_c,
+    }
 
 
 class Sampler:
@@ -130,17 +158,20 @@ class Sampler:
     `nvml`: a pynvml-like module (tests pass a stand-in); None imports pynvml
     when this is the real device, and skips GPUs on a fixture tree unless
     `gpus=True`. power-profiles-daemon is asked only on the real device.
+    `own_pids`: pids whose GPU and NPU clients are the agent's own, beside this process and its
+    descendants (which count on the real /proc only).
     """
 
     def __init__(
         self,
         sysfs_root: str | os.PathLike[str] = "/sys",
         procfs_root: str | os.PathLike[str] = "/proc",
-        nvml: Any | None = None,
+        nvml: Nvml | None = None,
         *,
         gpus: bool | None = None,
         ppd: bool | None = None,
         stale_after_s: float = 60.0,
+        own_pids: Callable[[], Collection[int]] | None = None,
     ) -> None:
         real_sys = os.path.realpath(sysfs_root) == "/sys"
         real_proc = os.path.realpath(procfs_root) == "/proc"
@@ -150,10 +181,12 @@ class Sampler:
         self.thermal = ThermalProbe(self.sys_files)
         self.power_supply = PowerSupplyProbe(self.sys_files)
         self.power_mode = PowerModeProbe(self.sys_files, self.ppd)
-        self.cpu = CpuProbe(self.sys_files, self.proc_files, own_process=real_proc)
+        tree = ProcessTree(self.proc_files, os.getpid() if real_proc else None, own_pids)
+        self.cpu = CpuProbe(self.sys_files, self.proc_files, own=TreeCpu(self.proc_files, tree) if real_proc else None)
         self.memory = MemoryProbe(self.proc_files)
         use_gpus = (nvml is not None or real_sys) if gpus is None else gpus
         self.gpu = GpuProbe(nvml, stale_after_s=stale_after_s) if use_gpus else None
+        self.accelerators = AcceleratorProbe(self.sys_files, DrmClients(self.proc_files, tree))
 
     def sample(self) -> DeviceState:
         notes: list[str] = []
@@ -163,6 +196,8 @@ class Sampler:
             gpus = report.gpus
             if report.note:
                 notes.append(report.note)
+        accelerators, more = self.accelerators.sample(gpus)
+        notes += more
         if not os.path.isdir(self.sys_files.path("class")):
             notes.append(f"sysfs: nothing at {self.sys_files.root}")
         return DeviceState(
@@ -172,8 +207,13 @@ class Sampler:
             cpu=self.cpu.sample(),
             memory=self.memory.sample(),
             gpus=gpus,
+            accelerators=accelerators,
             notes=tuple(notes),
         )
+
+    def track(self, pids: frozenset[int]) -> None:
+        """Measure these apps' process trees too (CpuState.tracked): they run monitored workloads here."""
+        self.cpu.track(pids)
 
     def tick(self) -> None:
         """Called several times per sample interval: run-queue snapshots (CpuProbe.tick)."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -138,6 +139,21 @@ class KernelFiles:
         except OSError:
             return []
         return sorted((n for n in names if n.startswith(prefix)), key=_natural_key)
+
+    def readlink(self, rel: str) -> str | None:
+        """A symbolic link's target as written (`/dev/dri/renderD128`, `../../../0000:00:02.0`), or None."""
+        try:
+            return os.readlink(self.path(rel))
+        except OSError:
+            return None
+
+    def resolved_name(self, rel: str) -> str | None:
+        """The last part of the path `rel` resolves to: a sysfs class entry's `device` link gives the device's
+        own name (`0000:00:02.0` for a PCI device, `fde60000.gpu` for a platform one); None when it is missing."""
+        path = self.path(rel)
+        if not os.path.exists(path):
+            return None
+        return os.path.basename(os.path.realpath(path)) or None
 
     def read_raw(self, rel: str, max_bytes: int = _MAX_BYTES) -> str | None:
         """The file's text, or None on any failure. Never blocks on a FIFO (O_NONBLOCK)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from probes.sysfs import KernelFiles, parse_int, take as _note
+from probes.sysfs import KernelFiles, parse_int
+from probes.sysfs import take as _note
 
 # Attributes that rarely change are re-read once a minute.
 STATIC_TTL_S = 60.0
@@ -161,7 +162,8 @@ class ThermalProbe:
                 high = self.files.read(f"{base}/{stem}_max", parse_millidegrees, STATIC_TTL_S).value
                 crit = self.files.read(f"{base}/{stem}_crit", parse_millidegrees, STATIC_TTL_S).value
                 name = f"{hw}/{stem}"
-                temp = _note(self.files.read(f"{base}/{entry}", parse_millidegrees), f"thermal.zones.{name}.temp_c", stale)
+                temp = _note(self.files.read(f"{base}/{entry}", parse_millidegrees), f"thermal.zones.{name}.temp_c",
+                             stale)
                 trips = {k: v for k, v in (("passive", high), ("critical", crit)) if v is not None and v > 0}
                 kind = " ".join(p for p in (chip, label) if p) or None
                 zones.append(Zone(name=name, type=kind, temp_c=temp, passive_c=trips.get("passive"), trips=trips))

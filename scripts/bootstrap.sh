@@ -11,9 +11,10 @@ if [ ! -x .venv/bin/python ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 stamp=".venv/.installed${extra:+-$extra}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ clients/python/pyproject.toml -nt "$stamp" ]; then
     spec="."
     [ -n "$extra" ] && spec=".[$extra]"
-    .venv/bin/python -m pip install --quiet -e "$spec"
+    # daop-client (clients/python) is daop-agent's dependency: installed from this checkout, in the same call
+    .venv/bin/python -m pip install --quiet -e clients/python -e "$spec"
     touch "$stamp"
 fi

@@ -22,13 +22,14 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from agent.simulation.trees import desktop
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def device(tmp_path: Path):
     """The device the agent tests run on: a desktop fixture /sys tree, on the balanced profile."""
-    from sysfs_trees import desktop
 
     tree = desktop(tmp_path / "tree")
     tree.set("firmware/acpi/platform_profile", "balanced")
@@ -41,7 +42,7 @@ def write_config(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def agent_on(device, state_dir: Path, broker_url: str, config: Path, device_id: str = "dev1") -> "AgentProcess":
+def agent_on(device, state_dir: Path, broker_url: str, config: Path, device_id: str = "dev1") -> AgentProcess:
     """An agent (not started yet) reading `device`'s fixture tree, with `config`."""
     return AgentProcess(state_dir, broker_url, device_id=device_id, config=config, sysfs_root=device.sys,
                         procfs_root=device.proc)
@@ -67,7 +68,7 @@ class AgentProcess:
         self.log_path = self.state_dir.parent / f"agent-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_for: str = "estimator ready", timeout: float = 30.0) -> "AgentProcess":
+    def start(self, wait_for: str = "estimator ready", timeout: float = 30.0) -> AgentProcess:
         self.log_path = self.state_dir.parent / f"agent-{uuid.uuid4().hex[:6]}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, cwd=REPO, env=self.env)
@@ -104,12 +105,13 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError(f"agent did not stop on SIGTERM:\n{self.log[-3000:]}")
+                raise AssertionError(f"agent did not stop on SIGTERM:\n{self.log[-3000:]}") from None
         return self.proc.returncode
 
 
 def client(port: int, *, v5: bool = True, identifier: str | None = None, clean_start: bool = True,
-           session_expiry: int | None = None, username: str | None = None, password: str | None = None) -> aiomqtt.Client:
+           session_expiry: int | None = None, username: str | None = None,
+           password: str | None = None) -> aiomqtt.Client:
     props = None
     if v5 and session_expiry is not None:
         props = Properties(PacketTypes.CONNECT)
@@ -135,16 +137,19 @@ async def next_message(c: aiomqtt.Client, topic_filter: str | None = None, timeo
 
 
 async def request_v5(c: aiomqtt.Client, device: str, method: str, payload: bytes | dict,
-                     response_topic: str | None = None, timeout: float = 30.0) -> tuple[dict, aiomqtt.Message]:
-    """One request with a v5 ResponseTopic and CorrelationData; the parsed answer and its message."""
-    response_topic = response_topic or f"daop/{device}/response/client/t-{uuid.uuid4().hex[:8]}"
+                     response_topic: str | None = None, timeout: float = 30.0,
+                     owner: str | None = None) -> tuple[dict, aiomqtt.Message]:
+    """One request with a v5 ResponseTopic and CorrelationData; the parsed answer and its message. With an
+    `owner`, sent (and answered) under that client's scope `daop/<device>/client/<owner>/`."""
+    scope = f"daop/{device}/client/{owner}/" if owner else f"daop/{device}/"
+    response_topic = response_topic or f"{scope}response/client/t-{uuid.uuid4().hex[:8]}"
     await c.subscribe(response_topic, qos=1)
     corr = uuid.uuid4().bytes
     props = Properties(PacketTypes.PUBLISH)
     props.ResponseTopic = response_topic
     props.CorrelationData = corr
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    await c.publish(f"daop/{device}/request/{method}", body, qos=1, properties=props)
+    await c.publish(f"{scope}request/{method}", body, qos=1, properties=props)
     while True:
         m = await next_message(c, response_topic, timeout)
         if m.properties is not None and getattr(m.properties, "CorrelationData", None) == corr:

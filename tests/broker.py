@@ -7,17 +7,16 @@ every retained message), and a password file plus an ACL.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+from agent.mosquitto import Mosquitto as Runner
+from agent.mosquitto import free_port
+
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
 
 
@@ -37,31 +36,26 @@ def make_tls_files(folder: Path) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Mosquitto:
+    """A test broker: the agent's own Mosquitto runner (agent/mosquitto.py) with the tests' options."""
+
     def __init__(self, folder: Path, *, port: int | None = None, persistence: bool = False,
                  passwords: dict[str, str] | None = None, acl: str | None = None,
-                 tls: tuple[Path, Path, Path] | None = None) -> None:
+                 tls: tuple[Path, Path, Path] | None = None, max_packet_size: int | None = None,
+                 max_queued_messages: int = 10000) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.persistence = persistence
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = self.folder / "mosquitto.log"
         self.tls = tls is not None
         lines = [f"listener {self.port} 127.0.0.1"]
         if tls is not None:  # (ca, cert, key)
             lines += [f"cafile {tls[0]}", f"certfile {tls[1]}", f"keyfile {tls[2]}"]
         lines += [f"persistence {'true' if persistence else 'false'}",
-                 f"persistence_location {self.folder}/", "log_dest stderr", "log_type error",
-                 "log_type warning", "max_queued_messages 10000"]
-        if os.geteuid() == 0:
-            lines.append("user root")  # else it drops to 'mosquitto', which cannot read a 0700 tmp dir
+                  f"persistence_location {self.folder}/", "log_dest stderr", "log_type error",
+                  "log_type warning", f"max_queued_messages {max_queued_messages}", "set_tcp_nodelay true"]
+        if max_packet_size is not None:
+            lines.append(f"max_packet_size {max_packet_size}")
         if passwords:
             pw = self.folder / "passwd"
             pw.write_text("")
@@ -74,37 +68,22 @@ class Mosquitto:
         if acl is not None:
             (self.folder / "acl").write_text(acl)
             lines.append(f"acl_file {self.folder / 'acl'}")
-        self.config = self.folder / "mosquitto.conf"
-        self.config.write_text("\n".join(lines) + "\n")
+        self.process = Runner(self.folder, lines, (self.port,))
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc
 
     @property
     def url(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{'localhost' if self.tls else '127.0.0.1'}:{self.port}"
 
-    def start(self) -> "Mosquitto":
-        assert self.proc is None or self.proc.poll() is not None
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.config)], stdout=log, stderr=log)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("mosquitto did not start listening")
+    def start(self) -> Mosquitto:
+        self.process.start()
+        return self
 
     def stop(self) -> None:
-        """A clean stop (SIGTERM): with persistence on, it saves its database first."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.process.stop()
 
     def restart(self, down_s: float = 0.0) -> None:
         self.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import onnx
 import onnx.helper as h
 from onnx import TensorProto as T
 from onnx import numpy_helper as nh
+
+from monitors.graphs.importer import load_graph
 
 IR_VERSION = 10  # onnxruntime 1.31 reads up to 13; onnx 1.23 writes 14 by default
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -33,7 +36,7 @@ def mlp(sizes: list[int], batch: int | str = "batch", seed: int = 0) -> onnx.Mod
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     prev = "x"
-    for i, (k, n) in enumerate(zip(sizes, sizes[1:])):
+    for i, (k, n) in enumerate(itertools.pairwise(sizes)):
         inits.append(nh.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{i}"))
         inits.append(nh.from_array(rng.standard_normal(n, dtype=np.float32), f"b{i}"))
         nodes += [h.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"matmul{i}"),
@@ -71,6 +74,39 @@ def absent_weights_model(total_bytes: int, layers: int = 8, hidden: int = 256) -
         prev = f"m{i}"
     nodes.append(h.make_node("Relu", [prev], ["y"]))
     return make_model(nodes, [value("x", [1, hidden])], [value("y", None)], inits)
+
+
+def weightless_mlp(width: int, depth: int, batch: int) -> bytes:
+    """x[batch, width] -> depth x (MatMul + Relu), weights as descriptors of a side file that does not exist:
+    a few hundred bytes, priced like the real thing."""
+    nodes, inits, prev = [], [], "x"
+    for i in range(depth):
+        w = onnx.TensorProto(name=f"w{i}", data_type=T.FLOAT, dims=[width, width])
+        w.data_location = T.EXTERNAL
+        for key, val in (("location", "absent.bin"), ("offset", str(i * 4 * width * width)),
+                         ("length", str(4 * width * width))):
+            entry = w.external_data.add()
+            entry.key, entry.value = key, val
+        inits.append(w)
+        nodes += [h.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]), h.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    return make_model(nodes, [value("x", [batch, width])], [value(prev, [batch, width])], inits).SerializeToString()
+
+
+def mlp_near(estimator, target_ms: float, width: int = 512, depth: int = 4) -> bytes:
+    """A weightless MLP whose calibrated latency on this device's CPU, at rest, is about `target_ms` (its batch
+    found by bisection on the estimator): a monitor that only a real slowdown moves across a tier."""
+
+    def ms(batch: int) -> float:
+        return estimator.estimate(load_graph(weightless_mlp(width, depth, batch), fmt="onnx"), device="cpu").latency_ms
+
+    lo, hi = 1, 1
+    while ms(hi) < target_ms:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ms(mid) < target_ms else (lo, mid)
+    return weightless_mlp(width, depth, hi)
 
 
 def _varint(n: int) -> bytes:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psutil
-
-from agent_harness import agent_on, client, device, request_v5, write_config  # noqa: F401 - device is a fixture
-from broker import mosquitto  # noqa: F401 - fixture
+from agent_harness import agent_on, client, request_v5, write_config
 from test_agent_contract import CONFIG, SMALL
+
+from agent.calibration_store import load
 
 DEV = "dev1"
 
 
 def saved_calibration(state_dir: Path):
-    from agent.calibration_store import load
 
     return load(state_dir, "cpu")
 
@@ -26,7 +26,7 @@ async def estimate(port: int) -> dict:
     return answer["data"]
 
 
-async def test_a_quick_calibration_serves_until_the_agent_has_redone_it_in_full(state_dir, mosquitto, device,  # noqa: F811
+async def test_a_quick_calibration_serves_until_the_agent_has_redone_it_in_full(state_dir, mosquitto, device,
                                                                                 tmp_path):
     assert saved_calibration(state_dir).quick
     agent = agent_on(device, state_dir, mosquitto.url, write_config(tmp_path, CONFIG), DEV)
@@ -38,6 +38,8 @@ async def test_a_quick_calibration_serves_until_the_agent_has_redone_it_in_full(
         during = await estimate(mosquitto.port)  # answered on the quick calibration meanwhile
         assert "full calibration ready" not in agent.log
         agent.wait_log("full calibration ready (cpu)", timeout=240)
+        progress = re.findall(r"calibrating cpu in full: (\d+)% \(", agent.log)  # the log says how far it is
+        assert len(progress) >= 8 and progress[-1] == "100", progress
         after = await estimate(mosquitto.port)
     finally:
         assert agent.stop(timeout=20) == 0
@@ -46,7 +48,7 @@ async def test_a_quick_calibration_serves_until_the_agent_has_redone_it_in_full(
     assert during["performanceTier"] and after["performanceTier"]
 
 
-async def test_a_stop_during_the_background_calibration_keeps_the_quick_one(state_dir, mosquitto, device,  # noqa: F811
+async def test_a_stop_during_the_background_calibration_keeps_the_quick_one(state_dir, mosquitto, device,
                                                                            tmp_path):
     before = (state_dir / "calibration-cpu.json").read_bytes()
     agent = agent_on(device, state_dir, mosquitto.url, write_config(tmp_path, CONFIG), DEV)
@@ -61,7 +63,7 @@ async def test_a_stop_during_the_background_calibration_keeps_the_quick_one(stat
     assert not list(state_dir.glob("*.tmp"))
 
 
-async def test_with_calibration_quick_the_agent_keeps_a_quick_calibration(state_dir, mosquitto, device,  # noqa: F811
+async def test_with_calibration_quick_the_agent_keeps_a_quick_calibration(state_dir, mosquitto, device,
                                                                          tmp_path):
     agent = agent_on(device, state_dir, mosquitto.url, write_config(tmp_path, CONFIG), DEV).start()
     try:

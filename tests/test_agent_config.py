@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from agent.config import Broker, default_device_id, load_config, parse_broker_url
+from agent.config import Broker, default_device_id, default_state_dir, load_config, parse_broker_url
+from agent.mqtt_link import max_packet_bytes
 from monitors.errors import BadInput
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,8 +23,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_defaults_work_on_a_laptop_with_a_local_broker(monkeypatch):
-    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
-    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    for name in ("DAOP_STATE_DIR", "STATE_DIRECTORY", "XDG_STATE_HOME", "CREDENTIALS_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
     cfg = load_config()
     assert cfg.broker == Broker()  # mqtt://localhost:1883
     assert cfg.device_id == default_device_id()
@@ -36,7 +38,6 @@ def test_state_directory_from_systemd(monkeypatch):
 
 
 def test_the_agent_and_estimate_share_the_xdg_state_home(monkeypatch, tmp_path):
-    from agent.config import default_state_dir
 
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
@@ -44,7 +45,6 @@ def test_the_agent_and_estimate_share_the_xdg_state_home(monkeypatch, tmp_path):
 
 
 def test_hostname_is_sanitised_into_a_device_id(monkeypatch):
-    import socket
 
     monkeypatch.setattr(socket, "gethostname", lambda: "my.laptop (home)" + "x" * 80)
     device_id = default_device_id()
@@ -88,7 +88,8 @@ power_saver = true
 """)
     cfg = load_config(path)
     assert cfg.device_id == "kitchen-pi" and cfg.sample_interval_s == 0.5
-    assert (cfg.broker.host, cfg.broker.port, cfg.broker.username, cfg.broker.password) == ("10.0.0.2", 1884, "user", "pw")
+    broker = cfg.broker
+    assert (broker.host, broker.port, broker.username, broker.password) == ("10.0.0.2", 1884, "user", "pw")
     assert (cfg.rules.margin, cfg.rules.dwell_s, cfg.rules.max_events_per_minute) == (0.2, 5.0, 3)
     assert (cfg.limits.max_monitors, cfg.limits.max_request_bytes, cfg.limits.estimate_timeout_s) == (10, 1000, 2.5)
     assert cfg.limits.graph.max_nodes == 500
@@ -99,6 +100,20 @@ power_saver = true
     assert flagged.broker.username == "user"  # credentials from the file stay unless the URL has its own
     assert load_config(path, {"broker": "mqtt://u2:p2@b"}).broker.username == "u2"
     assert flagged.state_dir == Path("/tmp/x")
+
+
+def test_several_brokers_in_order_with_protocol_and_session(tmp_path: Path):
+    """A cluster's nodes: `urls` in the file, or --broker repeated (the flags replace the file's list); the
+    settings of [broker] apply to each, a URL's own credentials to it alone."""
+    path = write(tmp_path, '[broker]\nurls = ["mqtt://u:p@n1:1884", "mqtt://n2:1885"]\nusername = "dev1"\n'
+                           'protocol = "3.1.1"\nsession_expiry_s = 3600\n')
+    cfg = load_config(path)
+    assert [b.url for b in cfg.brokers] == ["mqtt://n1:1884", "mqtt://n2:1885"] and cfg.broker == cfg.brokers[0]
+    assert [b.username for b in cfg.brokers] == ["u", "dev1"]
+    assert {(b.protocol, b.session_expiry_s) for b in cfg.brokers} == {("3.1.1", 3600)}
+    cfg = load_config(path, {"broker": ["mqtt://a", "mqtt://b", "mqtt://c"], "protocol": "5"})
+    assert [b.host for b in cfg.brokers] == ["a", "b", "c"] and cfg.broker.protocol == "5"
+    assert load_config().brokers == (Broker(),)
 
 
 def test_password_file(tmp_path: Path):
@@ -114,16 +129,33 @@ BAD = [
     ("[agent]\nsample_interval_s = 'fast'\n", "agent.sample_interval_s"),
     ("[agent]\nfoo = 1\n", "unknown key in [agent]: foo"),
     ("[agent]\ncalibration = 'fast'\n", "agent.calibration must be full or quick"),
+    ("[agent]\nweb_port = 70000\n", "web port must be 1 to 65535"),
+    ("[agent]\nweb_port = 'on'\n", "agent.web_port must be int"),
     ("[brokers]\n", "unknown section"),
     ("[broker]\nurl = 'http://x'\n", "mqtt://"),
     ("[broker]\nurl = 'mqtt://h'\nca_file = '/nonexistent'\n", "not mqtts"),
     ("[broker]\nurl = 'mqtts://h'\nca_file = '/nonexistent'\n", "does not exist"),
     ("[broker]\ncert_file = '/x'\nurl = 'mqtts://h'\n", "go together"),
     ("[broker]\npassword_file = '/nonexistent/pw'\n", "password file"),
+    ("[broker]\nurl = 'mqtt://a'\nurls = ['mqtt://b']\n", "broker.url or broker.urls, not both"),
+    ("[broker]\nurls = []\n", "non-empty list"),
+    ("[broker]\nurls = ['mqtt://a', 3]\n", "non-empty list"),
+    ("[broker]\nurls = ['mqtt://a', 'http://b']\n", "mqtt://"),
+    ("[broker]\nurls = ['mqtts://a', 'mqtt://b']\nca_file = '/x'\n", "mqtt://b:1883 is not mqtts"),
+    ("[broker]\nprotocol = '4'\n", "protocol must be 5 or 3.1.1"),
+    ("[broker]\nprotocol = 5\n", "broker.protocol must be str"),
+    ("[broker]\nsession_expiry_s = -1\n", "session expiry"),
     ("[monitors]\nhysteresis_margin = 2\n", "margin"),
     ("[limits]\nmax_monitors = -1\n", "positive"),
     ("[limits]\nmax_nodez = 5\n", "unknown limit"),
+    ("[limits]\nmax_request_bytes = 2000\nmax_pending_bytes = 1000\n", "at least limits.max_request_bytes"),
+    ("[limits]\nworker_memory_mb = 300\n", "worker_memory_mb must be at least 512"),
     ("[policy]\nbattery_floor_percent = 150\n", "0 to 100"),
+    ("[privacy]\njitter = 0.5\n", "jitter must be 0 to 0.25"),
+    ("[privacy]\nperiod_s = 0\n", "period_s must be positive"),
+    ("[privacy]\nburst = 0\n", "privacy.burst must be positive"),
+    ("[privacy]\nenabled = 'yes'\n", "privacy.enabled must be bool"),
+    ("[privacy]\nrate = 5\n", "unknown key in [privacy]: rate"),
     ("[policy]\npower_saver = 'yes'\n", "policy.power_saver"),
     ("agent = 3\n", "[agent] must be a table"),
     ("[agent\n", "not valid TOML"),
@@ -143,6 +175,9 @@ def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, expected: str)
     (["--device-id", "bad id!"], "device id"),
     (["--sample-interval", "-1"], "sample interval"),
     (["--state-dir", "/proc/daop-agent-test"], "not writable"),
+    (["--web-port", "18831"], "--web-port needs --local-broker"),
+    (["--broker", "mqtt://a", "--broker", "ftp://b"], "mqtt://"),
+    (["--protocol", "4"], "invalid choice"),
 ])
 def test_run_with_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], expected: str):
     result = subprocess.run([sys.executable, "-m", "agent", "run", "--state-dir", str(tmp_path / "s"), *args],
@@ -157,3 +192,56 @@ def test_the_example_config_loads_as_documented():
     assert cfg.broker.url == "mqtt://localhost:1883" and cfg.sample_interval_s == 1.0
     assert cfg.rules.dwell_s == 2.0 and cfg.limits.max_monitors == 1000 and cfg.policy.power_saver is False
     assert cfg.calibration == "full"
+    assert cfg.local_broker is False and cfg.web_port is None  # with --local-broker: WebSockets on its port + 1
+    assert cfg.homeassistant.enabled is False and cfg.metrics.port == 0  # the integrations are opt-in
+    assert cfg.privacy == load_config(None).privacy and cfg.privacy.enabled  # as the defaults: on
+    assert (cfg.limits.max_pending_bytes, cfg.limits.worker_memory_mb) == (64 << 20, 1024)
+
+
+def test_the_example_broker_config_refuses_what_the_agent_would_not_be_sent():
+    """examples/mosquitto.conf's max_packet_size is the agent's own Maximum Packet Size at the default limits."""
+
+    lines = (REPO / "examples" / "mosquitto.conf").read_text().splitlines()
+    assert f"max_packet_size {max_packet_bytes(load_config(None).limits.max_request_bytes)}" in lines
+    assert "set_tcp_nodelay true" in lines
+
+
+def test_broker_password_from_a_systemd_credential(tmp_path: Path, monkeypatch):
+    """The unit's LoadCredential=broker-password: read from $CREDENTIALS_DIRECTORY; its empty default is none;
+    a password in the configuration wins."""
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    (creds / "broker-password").write_text("s3cret\n")
+    assert load_config(None, {"state_dir": str(tmp_path)}).broker.password == "s3cret"
+    (creds / "broker-password").write_text("\n")  # SetCredential=broker-password:\n, where no file was there
+    assert load_config(None, {"state_dir": str(tmp_path)}).broker.password is None
+    config = tmp_path / "agent.toml"
+    config.write_text('[broker]\npassword = "from-config"\n')
+    (creds / "broker-password").write_text("s3cret\n")
+    assert load_config(config, {"state_dir": str(tmp_path)}).broker.password == "from-config"
+
+
+def test_one_default_state_dir_for_every_command(tmp_path: Path, monkeypatch):
+
+    monkeypatch.setenv("DAOP_STATE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "systemd"))
+    assert default_state_dir() == tmp_path / "mine"
+    monkeypatch.delenv("DAOP_STATE_DIR")
+    assert default_state_dir() == tmp_path / "systemd"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_state_dir() == tmp_path / "xdg" / "daop-agent"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("[metrics]\nport = 70000\n", "metrics.port"),
+    ("[metrics]\nport = 9464\nfingerprint = true\n", "unknown key"),
+    ("[homeassistant]\ndiscovery_prefix = \"ha/#\"\n", "discovery_prefix"),
+    ("[homeassistant]\nenabled = \"yes\"\n", "homeassistant.enabled"),
+])
+def test_integration_settings_are_checked(tmp_path: Path, text: str, expected: str):
+    config = tmp_path / "agent.toml"
+    config.write_text(text)
+    with pytest.raises(BadInput, match=expected):
+        load_config(config, {"state_dir": str(tmp_path)})

@@ -12,14 +12,14 @@ import json
 from pathlib import Path
 
 import onnx
+import onnx.helper as h
 import pytest
+from agent_harness import agent_on, client, next_message, request_v5, write_config
+from models import make_model, mlp, value
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-from agent_harness import (  # noqa: F401 - device is a fixture
-    agent_on, client, device, next_message, request_v5, write_config,
-)
-from broker import mosquitto  # noqa: F401 - fixture
-from models import mlp
-from monitors.tiers import TIER_NAMES
+from monitors.pricing.tiers import TIER_NAMES
 
 DEV = "dev1"
 CONFIG = """
@@ -46,9 +46,7 @@ SMALL = onnx_b64(mlp([64, 128, 10], batch=1))
 
 def huge_matmul() -> str:
     """A hostile graph: one MatMul of two 200,000 x 200,000 inputs (1.6e16 FLOPs, 160 GB per input)."""
-    import onnx.helper as h
 
-    from models import make_model, value
 
     n = 200_000
     model = make_model([h.make_node("MatMul", ["a", "b"], ["y"])], [value("a", [n, n]), value("b", [n, n])],
@@ -58,13 +56,13 @@ DYNAMIC = onnx_b64(mlp([64, 128, 10], batch="batch"))
 
 
 @pytest.fixture
-def agent(state_dir: Path, mosquitto, device, tmp_path: Path):  # noqa: F811
+def agent(state_dir: Path, mosquitto, device, tmp_path: Path):
     proc = agent_on(device, state_dir, mosquitto.url, write_config(tmp_path, CONFIG), DEV).start()
     yield proc
     proc.stop()
 
 
-async def test_status_is_retained_online_and_offline_after_a_clean_stop(agent, mosquitto):  # noqa: F811
+async def test_status_is_retained_online_and_offline_after_a_clean_stop(agent, mosquitto):
     async with client(mosquitto.port) as c:
         await c.subscribe(f"daop/{DEV}/status", qos=1)
         m = await next_message(c)
@@ -74,7 +72,7 @@ async def test_status_is_retained_online_and_offline_after_a_clean_stop(agent, m
         assert json.loads(m.payload) == {"state": "offline"}
 
 
-async def test_will_says_offline_when_the_agent_is_killed(agent, mosquitto):  # noqa: F811
+async def test_will_says_offline_when_the_agent_is_killed(agent, mosquitto):
     async with client(mosquitto.port) as c:
         await c.subscribe(f"daop/{DEV}/status", qos=1)
         assert json.loads((await next_message(c)).payload) == {"state": "online"}
@@ -82,7 +80,22 @@ async def test_will_says_offline_when_the_agent_is_killed(agent, mosquitto):  # 
         assert json.loads((await next_message(c)).payload) == {"state": "offline"}
 
 
-async def test_estimate_and_meets_over_v5_with_correlation_data(agent, mosquitto):  # noqa: F811
+async def test_desktop_fixture_tree_webnn_context_options_place_a_request(agent, mosquitto):
+    """The desktop fixture has no GPU or NPU: `deviceType: "gpu"` is an error with one line; the CPU, a fallback,
+    or accelerated false are answered on the CPU; a low-power preference with no NPU falls back to the CPU."""
+    async with client(mosquitto.port) as c:
+        cpu, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL, "deviceType": "cpu"})
+        for options in ({"powerPreference": "fallback"}, {"accelerated": False}, {"powerPreference": "low-power"}):
+            same, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL, **options})
+            assert same == cpu, options
+        for options in ({"deviceType": "gpu"}, {"deviceType": "npu"}, {"deviceType": "tpu"}, {"accelerated": "yes"},
+                        {"deviceType": "gpu", "powerPreference": "fallback"}):
+            answer, _ = await request_v5(c, DEV, "meets", {"onnx": SMALL, "requiredTier": "poor", **options})
+            assert answer["status"] == "error" and answer["error"]["code"] == "bad_context", (options, answer)
+            assert "\n" not in answer["error"]["message"]
+
+
+async def test_estimate_and_meets_over_v5_with_correlation_data(agent, mosquitto):
     async with client(mosquitto.port) as c:
         answer, msg = await request_v5(c, DEV, "estimate", {"onnx": SMALL, "transaction": "t-1"})
         assert answer["status"] == "ok" and answer["transaction"] == "t-1"
@@ -98,7 +111,7 @@ async def test_estimate_and_meets_over_v5_with_correlation_data(agent, mosquitto
             assert ans["data"]["meetsRequirement"] is False
 
 
-async def test_inputs_bind_symbolic_dimensions(agent, mosquitto):  # noqa: F811
+async def test_inputs_bind_symbolic_dimensions(agent, mosquitto):
     async with client(mosquitto.port) as c:
         small, _ = await request_v5(c, DEV, "estimate", {
             "onnx": DYNAMIC, "inputs": {"x": {"shape": [1, 64], "dataType": "float32"}}})
@@ -107,7 +120,7 @@ async def test_inputs_bind_symbolic_dimensions(agent, mosquitto):  # noqa: F811
         assert missing["status"] == "error" and missing["error"]["message"]
 
 
-async def test_a_311_client_is_answered_on_response_method_with_its_transaction(agent, mosquitto):  # noqa: F811
+async def test_a_311_client_is_answered_on_response_method_with_its_transaction(agent, mosquitto):
     async with client(mosquitto.port, v5=False) as c:
         await c.subscribe(f"daop/{DEV}/response/#", qos=1)
         await c.publish(f"daop/{DEV}/request/estimate", json.dumps({"onnx": SMALL, "transaction": 42}), qos=1)
@@ -121,7 +134,7 @@ async def test_a_311_client_is_answered_on_response_method_with_its_transaction(
         assert json.loads(m.payload) == {"status": "ok", "data": {"monitors": []}, "transaction": "x"}
 
 
-async def test_monitor_lifecycle_with_retained_state_and_events_on_change(agent, mosquitto, device):  # noqa: F811
+async def test_monitor_lifecycle_with_retained_state_and_events_on_change(agent, mosquitto, device):
     async with client(mosquitto.port) as c:
         await c.subscribe(f"daop/{DEV}/monitors/#", qos=1)
         answer, _ = await request_v5(c, DEV, "monitors/create",
@@ -161,7 +174,7 @@ async def test_monitor_lifecycle_with_retained_state_and_events_on_change(agent,
         assert listed["data"]["monitors"] == []
 
 
-async def test_recreating_a_monitor_never_sends_seq_back(agent, mosquitto):  # noqa: F811
+async def test_recreating_a_monitor_never_sends_seq_back(agent, mosquitto):
     async with client(mosquitto.port) as c:
         await c.subscribe(f"daop/{DEV}/monitors/m/state", qos=1)
         await request_v5(c, DEV, "monitors/create", {"onnx": SMALL, "requiredTier": "good", "monitor": "m"})
@@ -173,9 +186,9 @@ async def test_recreating_a_monitor_never_sends_seq_back(agent, mosquitto):  # n
         assert s2 > s1
 
 
-async def test_monitor_limit_is_enforced(agent, mosquitto):  # noqa: F811
+async def test_monitor_limit_is_enforced(agent, mosquitto):
     async with client(mosquitto.port) as c:
-        for i in range(5):
+        for _ in range(5):
             ok, _ = await request_v5(c, DEV, "monitors/create", {"onnx": SMALL, "requiredTier": "fair"})
             assert ok["status"] == "ok", ok
         refused, _ = await request_v5(c, DEV, "monitors/create", {"onnx": SMALL, "requiredTier": "fair"})
@@ -219,7 +232,7 @@ MALFORMED = [
 ]
 
 
-async def test_every_malformed_request_gets_an_error_answer_and_the_agent_keeps_serving(agent, mosquitto):  # noqa: F811
+async def test_every_malformed_request_gets_an_error_answer_and_the_agent_keeps_serving(agent, mosquitto):
     async with client(mosquitto.port) as c:
         for method, payload, code in MALFORMED:
             answer, _ = await request_v5(c, DEV, method, payload)
@@ -234,9 +247,7 @@ async def test_every_malformed_request_gets_an_error_answer_and_the_agent_keeps_
     assert "Traceback" not in agent.log
 
 
-async def test_a_response_topic_inside_the_device_tree_cannot_spoof_monitor_state(agent, mosquitto):  # noqa: F811
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
+async def test_a_response_topic_inside_the_device_tree_cannot_spoof_monitor_state(agent, mosquitto):
 
     async with client(mosquitto.port) as c:
         await c.subscribe(f"daop/{DEV}/response/estimate", qos=1)

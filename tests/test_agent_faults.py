@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+import socket
 import time
 from pathlib import Path
 
 import pytest
-
-from agent_harness import (  # noqa: F401 - device is a fixture
-    AgentProcess, agent_on, client, device, next_message, request_v5, write_config,
-)
-from broker import mosquitto, mosquitto_factory  # noqa: F401 - fixtures
+from agent_harness import AgentProcess, agent_on, client, next_message, request_v5, write_config
+from models import mlp
 from test_agent_contract import CONFIG, SMALL
+
+from agent.config import parse_broker_url
+from agent.mqtt_link import MqttLink
+from agent.notify import Notifier
+from agent.topics import Topics
 
 DEV = "dev1"
 
@@ -46,7 +51,7 @@ async def retained(port: int, topic_filter: str, count: int, timeout: float = 10
 
 
 async def test_broker_restarted_without_persistence_gets_every_retained_state_back(
-        state_dir, mosquitto_factory, device, config):  # noqa: F811
+        state_dir, mosquitto_factory, device, config):
     broker = mosquitto_factory(persistence=False).start()
     agent = make_agent(state_dir, broker, device, config).start()
     try:
@@ -62,7 +67,7 @@ async def test_broker_restarted_without_persistence_gets_every_retained_state_ba
         agent.stop()
 
 
-async def test_agent_sigkill_and_restart_keeps_monitors_ids_topics_and_seq(state_dir, mosquitto, device, config):  # noqa: F811
+async def test_agent_sigkill_and_restart_keeps_monitors_ids_topics_and_seq(state_dir, mosquitto, device, config):
     agent = make_agent(state_dir, mosquitto, device, config).start()
     await create(mosquitto.port, "keep")
     async with client(mosquitto.port) as c:
@@ -86,7 +91,7 @@ async def test_agent_sigkill_and_restart_keeps_monitors_ids_topics_and_seq(state
         agent.stop()
 
 
-async def test_persistent_subscriber_that_was_away_receives_the_events_it_missed(state_dir, mosquitto, device, config):  # noqa: F811
+async def test_persistent_subscriber_that_was_away_receives_the_events_it_missed(state_dir, mosquitto, device, config):
     agent = make_agent(state_dir, mosquitto, device, config).start()
     try:
         await create(mosquitto.port, "m")
@@ -108,7 +113,7 @@ async def test_persistent_subscriber_that_was_away_receives_the_events_it_missed
 
 
 async def test_events_during_a_broker_outage_reach_a_persistent_subscriber(
-        state_dir, mosquitto_factory, device, config):  # noqa: F811
+        state_dir, mosquitto_factory, device, config):
     broker = mosquitto_factory(persistence=True).start()
     agent = make_agent(state_dir, broker, device, config).start()
     try:
@@ -128,7 +133,7 @@ async def test_events_during_a_broker_outage_reach_a_persistent_subscriber(
         agent.stop()
 
 
-async def test_a_corrupt_monitor_file_is_set_aside_and_the_others_are_served(state_dir, mosquitto, device, config):  # noqa: F811
+async def test_a_corrupt_monitor_file_is_set_aside_and_the_others_are_served(state_dir, mosquitto, device, config):
     agent = make_agent(state_dir, mosquitto, device, config).start()
     await create(mosquitto.port, "good1")
     await create(mosquitto.port, "bad1")
@@ -136,9 +141,16 @@ async def test_a_corrupt_monitor_file_is_set_aside_and_the_others_are_served(sta
     (state_dir / "monitors" / "bad1.json").write_text('{"format": 1, "monitor": "bad1", "requiredTier": ')
     agent.start()
     try:
-        assert "set aside as bad1.json.corrupt-" in agent.log
+        assert "set aside as corrupt/bad1.json.corrupt-" in agent.log
         assert agent.log.count("cannot be used") == 1
-        assert list((state_dir / "monitors").glob("bad1.json.corrupt-*"))
+        assert list((state_dir / "corrupt").glob("bad1.json.corrupt-*"))
+        assert list((state_dir / "monitors").glob("*.json")) == [state_dir / "monitors" / "good1.json"]
+        # its retained state is cleared on the broker; the other monitor's stays
+        await retained(mosquitto.port, f"daop/{DEV}/monitors/good1/state", 1)
+        async with client(mosquitto.port) as c:
+            await c.subscribe(f"daop/{DEV}/monitors/bad1/state", qos=1)
+            with pytest.raises(TimeoutError):
+                await next_message(c, timeout=1.5)
         async with client(mosquitto.port) as c:
             listed, _ = await request_v5(c, DEV, "monitors/list", {})
         assert [m["monitor"] for m in listed["data"]["monitors"]] == ["good1"]
@@ -151,10 +163,11 @@ async def test_a_corrupt_monitor_file_is_set_aside_and_the_others_are_served(sta
         agent.stop()
 
 
-async def test_a_corrupt_seq_file_still_never_sends_seq_back(state_dir, mosquitto, device, config):  # noqa: F811
+async def test_a_corrupt_seq_file_still_never_sends_seq_back(state_dir, mosquitto, device, config):
     agent = make_agent(state_dir, mosquitto, device, config).start()
     await create(mosquitto.port, "s")
-    state = json.loads((await retained(mosquitto.port, f"daop/{DEV}/monitors/s/state", 1))[f"daop/{DEV}/monitors/s/state"])
+    topic = f"daop/{DEV}/monitors/s/state"
+    state = json.loads((await retained(mosquitto.port, topic, 1))[topic])
     agent.stop()
     (state_dir / "monitor-seq.json").write_bytes(b"\x00\x01garbage")
     agent.start()
@@ -162,16 +175,14 @@ async def test_a_corrupt_seq_file_still_never_sends_seq_back(state_dir, mosquitt
         after = json.loads((await retained(mosquitto.port, f"daop/{DEV}/monitors/s/state", 1))[
             f"daop/{DEV}/monitors/s/state"])
         assert after["seq"] > state["seq"]
-        assert list(state_dir.glob("monitor-seq.json.corrupt-*"))
+        assert list((state_dir / "corrupt").glob("monitor-seq.json.corrupt-*"))
     finally:
         agent.stop()
 
 
 async def test_a_graph_that_takes_too_long_gets_an_error_and_others_are_still_served(
-        state_dir, mosquitto, device, tmp_path):  # noqa: F811
-    import base64
+        state_dir, mosquitto, device, tmp_path):
 
-    from models import mlp
 
     config = tmp_path / "slow.toml"
     config.write_text("[limits]\nestimate_timeout_s = 0.5\nmax_request_bytes = 100000000\n")
@@ -186,3 +197,24 @@ async def test_a_graph_that_takes_too_long_gets_an_error_and_others_are_still_se
             assert fine["status"] == "ok"
     finally:
         agent.stop()
+
+
+async def test_the_link_says_offline_when_the_agent_goes_down_by_a_fault_not_a_clean_stop(mosquitto):
+    """A task of the agent failing cancels the link, whose disconnect is then clean (no Will): it must say
+    offline itself, or the retained status would stay `online` for an agent that is gone."""
+
+
+    link = MqttLink([parse_broker_url(mosquitto.url)], "crashing", Topics(f"daop/{DEV}/"), Notifier(),
+                    retained=lambda: [], on_request=lambda method, message: None, monitors=lambda: 0)
+    task = asyncio.get_running_loop().create_task(link.run(asyncio.Event()))
+    await asyncio.wait_for(link.connected.wait(), 10)
+
+    sock = link._client._client.socket()  # (and no Nagle delay on its answers)
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    assert json.loads((await retained(mosquitto.port, f"daop/{DEV}/status", 1))[f"daop/{DEV}/status"]) == {
+        "state": "online"}
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert json.loads((await retained(mosquitto.port, f"daop/{DEV}/status", 1))[f"daop/{DEV}/status"]) == {
+        "state": "offline"}

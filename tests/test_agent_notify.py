@@ -9,10 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from agent.notify import Notifier, watchdog_interval_s
 from agent_harness import AgentProcess
 from broker import free_port
+
+from agent.notify import Notifier, watchdog_interval_s
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def receive_all(sock: socket.socket, until: float) -> list[str]:
     while time.monotonic() < until:
         try:
             got.append(sock.recv(4096).decode())
-        except socket.timeout:
+        except TimeoutError:
             continue
     return got
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from agent.config import Policy
 from agent.policy import PolicyGate, PowerFacts
+from agent.service import power_facts
+from agent.simulation.trees import desktop, laptop
+from probes.state import Sampler
 
 
 def test_no_policy_never_vetoes():
@@ -34,9 +37,6 @@ def test_power_saver_profiles():
 
 
 def test_laptop_fixture_tree_on_battery_at_37_percent_is_vetoed_below_a_40_percent_floor(tmp_path):
-    from agent.service import power_facts
-    from probes.state import Sampler
-    from sysfs_trees import desktop, laptop
 
     tree = laptop(tmp_path / "laptop")
     facts = power_facts(Sampler(tree.sys, tree.proc).sample())
@@ -46,4 +46,5 @@ def test_laptop_fixture_tree_on_battery_at_37_percent_is_vetoed_below_a_40_perce
     tree.supply("ADP1", online=1)  # plugged in: the floor no longer applies
     assert PolicyGate(Policy(battery_floor_percent=40)).veto(power_facts(Sampler(tree.sys, tree.proc).sample())) is None
     plain = desktop(tmp_path / "desktop")  # no battery at all
-    assert PolicyGate(Policy(battery_floor_percent=40)).veto(power_facts(Sampler(plain.sys, plain.proc).sample())) is None
+    facts = power_facts(Sampler(plain.sys, plain.proc).sample())
+    assert PolicyGate(Policy(battery_floor_percent=40)).veto(facts) is None

@@ -16,17 +16,19 @@ import time
 
 import pytest
 
-from broker import mosquitto  # noqa: F401 - fixture
+from agent.calibration_store import load as load_calibration
+from agent.config import load_config
+from agent.service import Agent
+from agent.simulation.trees import vm
+from monitors.speed.prediction import predict_cpu
+from monitors.speed.present import fastest
 from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY
 from probes.state import Sampler
-from sysfs_trees import vm
 
 
 @contextlib.asynccontextmanager
 async def vm_agent(state_dir, broker, tree, device_id: str, measure):
     """A running agent on the fixture tree, with `measure` as its warm refresh."""
-    from agent.config import load_config
-    from agent.service import Agent
 
     cfg = load_config(None, {"broker": broker.url, "device_id": device_id, "state_dir": str(state_dir),
                              "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
@@ -49,9 +51,7 @@ async def until(task: asyncio.Task, condition) -> None:
 
 
 async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pairs_it_with_the_next_sample(
-        state_dir, mosquitto, tmp_path):  # noqa: F811
-    from agent.calibration_store import load as load_calibration
-    from monitors.speed import cpu_contention, predict_cpu
+        state_dir, mosquitto, tmp_path):
 
     reference = load_calibration(state_dir, "cpu").refresh_reference
     calls: list[float] = []
@@ -66,23 +66,22 @@ async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pa
         return {**reference, LOCKSTEP_KEY: 3.0 * reference[LOCKSTEP_KEY]}
 
     async with vm_agent(state_dir, mosquitto, tree, "refresh1", measure) as (agent, task):
-        await until(task, lambda: agent._measured is not None)
-        assert agent._measured == pytest.approx(3.0)
+        await until(task, lambda: agent.speed.measurement is not None)
+        m = agent.speed.measurement
+        assert m.slowdown == pytest.approx(3.0)
         # paired with a sample taken after the refresh began: the loaded prediction, not the quiet one
-        assert agent._measured_predicted > 2.0
-        assert agent._measured_predicted == pytest.approx(predict_cpu(agent._last_state, agent._cores)[0])
+        prediction = predict_cpu(agent.speed.state, agent.speed.threads)
+        assert m.predicted > 2.0 and m.predicted == pytest.approx(prediction.factor)
         # ... and its share from time slicing, which a later state change carries the measurement over with
-        assert agent._measured_contention > 2.0
-        assert agent._measured_contention == pytest.approx(cpu_contention(agent._last_state, agent._cores)[0])
+        assert m.contention > 2.0 and m.contention == pytest.approx(prediction.contention)
         await asyncio.sleep(1.0)  # ten more samples; the policy's 2 s gap has not passed
         assert len(calls) == 1, calls  # samples during the 0.5 s refresh did not queue another
 
 
 async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_the_bytes_a_model_writes(
-        state_dir, mosquitto, tmp_path):  # noqa: F811
+        state_dir, mosquitto, tmp_path):
     """A slow phase of the host: the compute probe as calibrated, the handoff probe 0.1 ms slower per MB it
     writes. The agent adds that per MB to a CPU latency: a 40 MB model +4 ms, one that writes nothing +0."""
-    from agent.calibration_store import load as load_calibration
 
     reference = load_calibration(state_dir, "cpu").refresh_reference
     assert HANDOFF_KEY in reference  # the calibration read both probes
@@ -91,8 +90,8 @@ async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_t
         return {**reference, HANDOFF_KEY: reference[HANDOFF_KEY] + HANDOFF_MB * 1e-4}
 
     async with vm_agent(state_dir, mosquitto, vm(tmp_path / "tree"), "refresh2", measure) as (agent, task):
-        await until(task, lambda: agent._handoffs[0] > 0)
-        assert agent._handoff == pytest.approx(0.1)
-        cpu = float(agent._factors[0])
-        assert agent.present_latency({"cpu": 10.0}, 0, 40.0) == (pytest.approx(10.0 * cpu + 4.0), "cpu")
-        assert agent.present_latency({"cpu": 10.0}, 0, 0.0) == (pytest.approx(10.0 * cpu), "cpu")
+        await until(task, lambda: agent.speed.speed.handoff_ms_per_mb > 0)
+        speed = agent.speed.speed
+        assert speed.handoff_ms_per_mb == pytest.approx(0.1)
+        assert fastest({"cpu": 10.0}, speed, 0, 40.0) == (pytest.approx(10.0 * speed.cpu + 4.0), "cpu")
+        assert fastest({"cpu": 10.0}, speed, 0, 0.0) == (pytest.approx(10.0 * speed.cpu), "cpu")

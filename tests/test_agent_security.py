@@ -8,9 +8,8 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-
 from agent_harness import AgentProcess, client, next_message, request_v5
-from broker import make_tls_files, mosquitto_factory  # noqa: F401 - fixture
+from broker import make_tls_files
 from test_agent_contract import SMALL
 
 ACL = (Path(__file__).resolve().parent.parent / "examples" / "mosquitto-acl").read_text()
@@ -18,7 +17,7 @@ USERS = {"dev1": "pw-dev1", "dev2": "pw-dev2", "app": "pw-app"}
 
 
 @pytest.fixture
-def secured(mosquitto_factory):  # noqa: F811
+def secured(mosquitto_factory):
     return mosquitto_factory(passwords=USERS, acl=ACL).start()
 
 
@@ -104,7 +103,7 @@ async def test_an_app_cannot_spoof_agent_topics(state_dir, secured):
         agent.stop()
 
 
-async def test_agent_over_tls_with_a_private_ca(state_dir, mosquitto_factory, tmp_path):  # noqa: F811
+async def test_agent_over_tls_with_a_private_ca(state_dir, mosquitto_factory, tmp_path):
     ca, cert, key = make_tls_files(tmp_path / "tls")
     broker = mosquitto_factory(tls=(ca, cert, key)).start()
     config = tmp_path / "tls.toml"

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
-from monitors import webnn_json, webnn_text
-from monitors.builder import GraphBuilder, Operand
 from monitors.errors import GraphError, LimitExceeded
-from monitors.graph import Graph, InputSpec
-from monitors.limits import Limits
+from monitors.graphs import webnn_json, webnn_text
+from monitors.graphs.builder import GraphBuilder, Operand
+from monitors.graphs.graph import Graph, InputSpec
+from monitors.graphs.limits import Limits
 from tests.webnn_cases import run
 
 DATA = Path(__file__).parent / "data"
@@ -130,7 +132,6 @@ def test_constants_weightless_scalar_typed_and_small_values():
     w = b.constant(desc(3, 4), label="w")  # weightless
     y = b.matmul(b.mul(b.add(x, v), k), w)
     model = b.to_onnx({"y": y})
-    from onnx import numpy_helper
     inits = {t.name: t for t in model.graph.initializer}
     assert numpy_helper.to_array(inits["v"]).tolist() == [1.0, 2.0, 3.0]
     assert not inits["w"].raw_data and inits["w"].data_location == inits["w"].EXTERNAL
@@ -188,11 +189,10 @@ def test_builder_respects_max_nodes():
 
 def evaluate(b: GraphBuilder, outputs: dict, feeds: dict) -> dict:
     """Run a builder graph whose constants all carry values (no weights to invent)."""
-    import onnxruntime as ort
     model = b.to_onnx(outputs)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = list(outputs)
-    return dict(zip(names, session.run(names, feeds)))
+    return dict(zip(names, session.run(names, feeds), strict=True))
 
 
 RNG = np.random.default_rng(7)

@@ -1,12 +1,28 @@
 """The cost model's interpolation and extrapolation, on hand-made calibrations."""
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 
-from monitors.calibration import Calibration, FamilyTable
-from monitors.costmodel import CostModel, work_of
-from monitors.kernels import Kernel, Plan
+from monitors.pricing.costmodel import CostModel
+from monitors.pricing.kernels import Kernel, Plan
+from probes.calibration import COMPUTE_FAMILIES, Calibration, FamilyTable, work_of
+from probes.microbench import (
+    CHAIN_LONG,
+    CHAIN_SHORT,
+    MemoryLevels,
+    _model,
+    _point,
+    _profile,
+    _profile_points,
+    fastest_sweep,
+    grids,
+    measure_memory,
+    memory_levels,
+    overheads,
+)
 
 
 def _cal(tables, per_kernel=1e-6, per_run=5e-6) -> Calibration:
@@ -40,7 +56,10 @@ def test_grid_points_are_reproduced_exactly():
 
 def test_between_grid_points_time_lies_between_neighbours():
     cm = CostModel(_cal({"Add": _memory_table()}))
-    t = lambda b: cm.kernel_seconds(Kernel("eltwise", (b,), b, "Add"))
+
+    def t(b: int) -> float:
+        return cm.kernel_seconds(Kernel("eltwise", (b,), b, "Add"))
+
     assert t(2 ** 12) < t(3 * 2 ** 12) < t(2 ** 14)
 
 
@@ -143,7 +162,6 @@ def test_weights_a_little_beyond_the_cache_read_at_the_rate_measured_for_that_wo
 
 
 def test_cache_is_where_the_read_rate_falls_to_memorys():
-    from probes.microbench import memory_levels
 
     mib = 2 ** 20
     rates = [(1 * mib, 90e9), (2 * mib, 95e9), (8 * mib, 50e9), (32 * mib, 48e9), (64 * mib, 47e9),
@@ -155,21 +173,18 @@ def test_cache_is_where_the_read_rate_falls_to_memorys():
 
 
 def test_memory_sweep_measures_a_rate_for_every_working_set():
-    from probes.microbench import measure_memory
 
     levels = measure_memory(reported_cache=2 * 2 ** 20, reads=2 ** 24)  # up to 16 MiB, the least it sweeps
     sizes = [s for s, _ in levels.rates]  # 1 MiB to 16 MiB by factors of sqrt(2), whole 16 KiB rows
     assert sizes[0] == 2 ** 20 and sizes[-1] == 2 ** 24 and len(sizes) == 9
-    assert all(1.40 < b / a < 1.43 and b % 2 ** 14 == 0 for a, b in zip(sizes, sizes[1:]))
+    assert all(1.40 < b / a < 1.43 and b % 2 ** 14 == 0 for a, b in itertools.pairwise(sizes))
     assert all(r > 1e8 for _, r in levels.rates)
     assert levels.cache_bytes in [s for s, _ in levels.rates] + [2 * 2 ** 20]
     assert levels.stream_bytes_per_s == levels.rates[-1][1]
 
 
 def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():
-    import numpy as np
 
-    from probes.microbench import _model, _point, _profile, _profile_points
 
     rng = np.random.default_rng(0)
     points = [_point("Relu", (256.0,), "small", rng), _point("gemm", (64.0, 256.0, 256.0), "big", rng)]
@@ -182,7 +197,6 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
 
 
 def test_overheads_are_the_slope_and_intercept_of_the_chains_never_negative():
-    from probes.microbench import CHAIN_LONG, CHAIN_SHORT, overheads
 
     per_kernel, per_run = 0.4e-6, 10e-6
     short, long_ = per_run + CHAIN_SHORT * per_kernel, per_run + CHAIN_LONG * per_kernel
@@ -191,7 +205,6 @@ def test_overheads_are_the_slope_and_intercept_of_the_chains_never_negative():
 
 
 def test_memory_sweeps_made_apart_keep_each_working_sets_fastest_rate():
-    from probes.microbench import MemoryLevels, fastest_sweep
 
     mib = 2 ** 20
     slow_spell = MemoryLevels(0, 0.0, ((16 * mib, 40e9), (32 * mib, 12e9), (64 * mib, 10e9)))
@@ -204,8 +217,7 @@ def test_memory_sweeps_made_apart_keep_each_working_sets_fastest_rate():
 
 
 def test_quick_grids_keep_every_compute_point_but_the_costliest_and_thin_the_memory_ones():
-    from monitors.kernels import COMPUTE_FAMILIES
-    from probes.microbench import grids
+
 
     full, quick = {g.family: g for g in grids(False)}, {g.family: g for g in grids(True)}
     for family, g in quick.items():

@@ -8,8 +8,12 @@ import sys
 from pathlib import Path
 
 import onnx
+import onnxruntime as ort
 import pytest
 
+from agent import calibration_store
+from agent.simulation.trees import intel_laptop
+from monitors.graphs.importer import load_graph
 from tests.conftest import LIGHT_MODELS
 from tests.models import absent_weights_model, mlp
 
@@ -30,7 +34,6 @@ def test_estimate_json_has_tier_latency_device_and_kernels(state_dir):
 
 
 def test_estimate_now_takes_a_real_warm_refresh_and_adds_its_handoff_extra_per_mb_written(state_dir, estimator):
-    from monitors.importer import load_graph
 
     model = str(LIGHT_MODELS / "light_squeezenet.onnx")
     at_rest = json.loads(daop("estimate", model, "--json", "--at-rest", state_dir=state_dir).stdout)
@@ -89,7 +92,6 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(case, needle, state_di
 
 
 def test_gpu_without_cuda_provider_is_a_clear_error(state_dir):
-    import onnxruntime as ort
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this machine has onnxruntime's CUDA provider")
@@ -109,7 +111,6 @@ def test_estimate_calibrates_first_when_there_is_no_calibration_and_says_so(tmp_
 
 
 def test_calibration_made_on_another_device_is_redone(state_dir):
-    from agent import calibration_store
 
     path = calibration_store.calibration_path(state_dir, "cpu")
     doc = json.loads(path.read_text())
@@ -130,3 +131,29 @@ def _mlp(tmp_path: Path) -> Path:
     path = tmp_path / "mlp.onnx"
     onnx.save(mlp([16, 8]), str(path))
     return path
+
+
+def test_npu_without_a_calibrated_provider_is_one_clear_line(state_dir, tmp_path):
+    tree = intel_laptop(tmp_path / "laptop")
+    r = daop("estimate", str(LIGHT_MODELS / "light_squeezenet.onnx"), "--device", "npu", "--at-rest",
+             "--sysfs-root", str(tree.sys), "--procfs-root", str(tree.proc), state_dir=state_dir)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "npu0" in r.stderr and "OpenVINOExecutionProvider" in r.stderr
+
+
+def test_low_power_hint_on_intel_laptop_fixture_tree_runs_on_the_cpu_and_says_why(state_dir, tmp_path):
+    tree = intel_laptop(tmp_path / "laptop")
+    r = daop("estimate", str(LIGHT_MODELS / "light_squeezenet.onnx"), "--power-preference", "low-power", "--json",
+             "--at-rest", "--sysfs-root", str(tree.sys), "--procfs-root", str(tree.proc), state_dir=state_dir)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["device"] == "cpu"
+    notes = [line for line in r.stderr.splitlines() if "no calibrated onnxruntime execution provider" in line]
+    assert [n.split(": ", 1)[1].split(" ", 1)[0] for n in notes] == ["npu0", "gpu0"]  # preferred first, in order
+
+
+def test_fallback_hint_and_contradictions(state_dir):
+    model = str(LIGHT_MODELS / "light_squeezenet.onnx")
+    r = daop("estimate", model, "--power-preference", "fallback", "--json", "--at-rest", state_dir=state_dir)
+    assert r.returncode == 0 and json.loads(r.stdout)["device"] == "cpu", r.stderr
+    r = daop("estimate", model, "--device", "gpu", "--no-accelerated", state_dir=state_dir)
+    assert r.returncode == 2 and "contradicts" in r.stderr and len(r.stderr.strip().splitlines()) == 1

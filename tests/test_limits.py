@@ -9,16 +9,16 @@ import numpy as np
 import onnx
 import onnx.helper as h
 import pytest
+from models import make_model, mlp, value
 from onnx import TensorProto as T
 from onnx import numpy_helper as nh
 
-from models import make_model, mlp, value
 from monitors.errors import BadInput, GraphError, LimitExceeded
-from monitors.graph import InputSpec
-from monitors.importer import load_graph
-from monitors.limits import Limits
-from monitors.onnx_import import read_weightless
-from monitors.shapes import bind_and_infer
+from monitors.graphs.graph import InputSpec
+from monitors.graphs.importer import load_graph
+from monitors.graphs.limits import Limits
+from monitors.graphs.onnx_import import read_weightless
+from monitors.graphs.shapes import bind_and_infer
 
 
 def _load(model: onnx.ModelProto, limits: Limits, inputs=None):

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from monitors.monitor import Change, MonitorRules, MonitorTable, initial_meets
-from monitors.tiers import bound_ms
-
-CPU_ONLY = np.array([1.0, math.inf])
+from monitors.pricing.tiers import bound_ms
+from monitors.speed.present import Speed
+from monitors.table import Change, Member, MonitorRules, MonitorTable, initial_meets
 
 
 def table(rules: MonitorRules | None = None) -> MonitorTable:
     t = MonitorTable(rules or MonitorRules(margin=0.1, dwell_s=1.0, max_events_per_minute=6))
     # 'good' is < 100 ms; base 80 ms on the CPU.
-    t.add("m", base_ms=80.0, device="cpu", bound_ms=bound_ms("good"), meets=True, seq=0)
+    t.add("m", [Member(80.0, "cpu", bound_ms("good"))], meets=True, seq=0)
     return t
 
 
-def factors(cpu: float, gpu: float = math.inf) -> np.ndarray:
-    return np.array([cpu, gpu])
+def factors(cpu: float, gpu: float | None = None, handoff: float = 0.0) -> Speed:
+    return Speed(cpu=cpu, gpu=gpu, handoff_ms_per_mb=handoff)
 
 
 def test_change_when_latency_crosses_the_bound_beyond_the_margin():
@@ -84,28 +82,27 @@ def test_policy_veto_forces_false_without_margin_and_releases():
 
 def test_gpu_monitor_without_a_usable_gpu_does_not_meet():
     t = MonitorTable(MonitorRules(dwell_s=0.0))
-    t.add("g", base_ms=5.0, device="gpu", bound_ms=bound_ms("excellent"), meets=True, seq=3)
-    assert t.evaluate(0.0, factors(1.0, gpu=math.inf)) == [Change("g", False, 4)]
+    t.add("g", [Member(5.0, "gpu", bound_ms("excellent"))], meets=True, seq=3)
+    assert t.evaluate(0.0, factors(1.0, gpu=None)) == [Change("g", False, 4)]
     assert t.evaluate(1.0, factors(1.0, gpu=1.0)) == [Change("g", True, 5)]
 
 
 def test_handoff_extra_adds_each_cpu_monitor_s_written_mb_and_spares_the_gpu_s():
-    """A host's slow phase costs a model by the bytes it writes, not by its time (monitors/speed.py)."""
+    """A host's slow phase costs a model by the bytes it writes, not by its time (monitors/speed/present.py)."""
     t = MonitorTable(MonitorRules(dwell_s=0.0))
-    t.add("bytes", base_ms=12.0, device="cpu", bound_ms=bound_ms("excellent"), meets=True, seq=1, written_mb=60.0)
-    t.add("flops", base_ms=12.0, device="cpu", bound_ms=bound_ms("excellent"), meets=True, seq=2, written_mb=2.0)
-    t.add("gpu", base_ms=12.0, device="gpu", bound_ms=bound_ms("excellent"), meets=True, seq=3, written_mb=40.0)
-    handoffs = np.array([0.1, 0.0])  # 0.1 ms per MB on the CPU
-    # 18 ms: past 16 ms and its margin
-    assert t.latencies(factors(1.0, gpu=1.0), handoffs=handoffs).tolist() == pytest.approx([18.0, 12.2, 12.0])
-    assert t.evaluate(0.0, factors(1.0, gpu=1.0), handoffs=handoffs) == [Change("bytes", False, 4)]
+    t.add("bytes", [Member(12.0, "cpu", bound_ms("excellent"), written_mb=60.0)], meets=True, seq=1)
+    t.add("flops", [Member(12.0, "cpu", bound_ms("excellent"), written_mb=2.0)], meets=True, seq=2)
+    t.add("gpu", [Member(12.0, "gpu", bound_ms("excellent"), written_mb=40.0)], meets=True, seq=3)
+    # 0.1 ms per MB on the CPU; 18 ms: past 16 ms and its margin
+    assert t.latencies(factors(1.0, gpu=1.0, handoff=0.1)).tolist() == pytest.approx([18.0, 12.2, 12.0])
+    assert t.evaluate(0.0, factors(1.0, gpu=1.0, handoff=0.1)) == [Change("bytes", False, 4)]
     t.remove("flops")  # the swap-remove keeps each monitor's bytes with it
-    assert t.latencies(factors(2.0, gpu=1.0), handoffs=handoffs).tolist() == pytest.approx([30.0, 12.0])
+    assert t.latencies(factors(2.0, gpu=1.0, handoff=0.1)).tolist() == pytest.approx([30.0, 12.0])
 
 
 def test_poor_tier_is_met_by_any_finite_latency():
     t = MonitorTable(MonitorRules(dwell_s=0.0))
-    t.add("p", base_ms=1e9, device="cpu", bound_ms=bound_ms("poor"), meets=True, seq=0)
+    t.add("p", [Member(1e9, "cpu", bound_ms("poor"))], meets=True, seq=0)
     assert t.evaluate(0.0, factors(1e6)) == []
 
 
@@ -118,7 +115,7 @@ def test_initial_value_is_a_plain_comparison():
 def test_remove_keeps_the_other_monitors_intact():
     t = MonitorTable(MonitorRules(dwell_s=0.0), capacity=2)
     for i in range(10):
-        t.add(f"m{i}", base_ms=10.0 * (i + 1), device="cpu", bound_ms=100.0, meets=(i < 9), seq=i)
+        t.add(f"m{i}", [Member(10.0 * (i + 1), "cpu", 100.0)], meets=(i < 9), seq=i)
     t.remove("m0")
     t.remove("m5")
     assert sorted(t.ids) == sorted(f"m{i}" for i in range(10) if i not in (0, 5))

@@ -10,18 +10,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.helper as h
+import onnx.inliner
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from models import absent_weights_model, make_model, mlp, save_external, value, write_inline_weights_model
 from onnx import TensorProto as T
+from onnx import helper as oh
 from onnx import numpy_helper as nh
 
-from models import (absent_weights_model, make_model, mlp, save_external, value, write_inline_weights_model)
+from bench.attacks import nested_functions_onnx
 from monitors.errors import BadInput, GraphError, LimitExceeded
-from monitors.graph import ABSENT_LOCATION, InputSpec
-from monitors.importer import input_specs_from_json, load_graph, parse_input_spec
-from monitors.limits import Limits
-from monitors.onnx_import import KEEP_BYTES, is_absent, iter_tensors, read_weightless
+from monitors.graphs.graph import ABSENT_LOCATION, InputSpec
+from monitors.graphs.importer import input_specs_from_json, load_graph, parse_input_spec
+from monitors.graphs.limits import Limits
+from monitors.graphs.onnx_import import is_absent, iter_tensors, read_weightless
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = Limits()
@@ -99,7 +102,7 @@ def _varint(n: int) -> bytes:
 
 
 def test_external_weights_present_are_never_opened(tmp_path):
-    path = save_external(mlp([256, 512, 10]), tmp_path / "m.onnx", absent=False)
+    save_external(mlp([256, 512, 10]), tmp_path / "m.onnx", absent=False)
     data_file = tmp_path / "m.onnx.data"
     assert data_file.stat().st_size > 500_000
     opened: list[str] = []
@@ -123,7 +126,8 @@ def test_external_weights_present_are_never_opened(tmp_path):
 def test_shape_values_only_in_external_data_are_a_clear_error(tmp_path):
     # every tensor external, the Reshape target too: its values are needed and never read
     path = save_external(mlp([256, 512, 10]), tmp_path / "m.onnx", absent=False, size_threshold=0)
-    with pytest.raises(GraphError, match="needs the values of 'target', which are in external data"):
+    with pytest.raises(GraphError, match=r"node 'reshape' \(Reshape\): it depends on the values of its input "
+                                         r"'shape', the weight 'target', whose values are never read"):
         load_graph(path, inputs={"x": InputSpec((4, 256))})
 
 
@@ -278,7 +282,7 @@ def hwm():  # peak RSS of this process image in KiB (ru_maxrss would carry the f
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 sys.path.insert(0, sys.argv[2])
-from monitors.importer import load_graph
+from monitors.graphs.importer import load_graph
 before = hwm()
 t0 = time.perf_counter()
 graph = load_graph(sys.argv[1])
@@ -349,7 +353,7 @@ def test_parse_input_spec(text, expected):
     assert parse_input_spec(text) == expected
 
 
-@pytest.mark.parametrize("text", ["x", "=1x3", "x=", "x=1x0x3", "x=-1x3", "x=1xx3", "x=ax3", "x=1x3:float99",
+@pytest.mark.parametrize("text", ["x", "=1x3", "x=", "x=-1x3", "x=1xx3", "x=ax3", "x=1x3:float99",
                                   "x=1.5x3", "x=99999999999", "x=1x3:"])
 def test_parse_input_spec_rejects(text):
     if text == "x=1x3:":  # an empty dtype is the same as none
@@ -362,7 +366,33 @@ def test_parse_input_spec_rejects(text):
 def test_input_specs_from_a_request():
     assert input_specs_from_json({"x": {"shape": [1, 3, 720, 1280], "dataType": "float32"}}) == {
         "x": InputSpec((1, 3, 720, 1280), "float32")}
-    for bad in ([1], {"x": {"shape": [0, 3]}}, {"x": {"shape": [True]}}, {"x": {}},
+    assert input_specs_from_json({"past": {"shape": [1, 2, 0, 64]}}) == {"past": InputSpec((1, 2, 0, 64))}
+    assert parse_input_spec("past=1x2x0x64") == ("past", InputSpec((1, 2, 0, 64)))  # an empty KV cache
+    for bad in ([1], {"x": {"shape": [-1, 3]}}, {"x": {"shape": [True]}}, {"x": {}},
                 {"x": {"shape": [1], "dataType": "float128"}}):
         with pytest.raises(BadInput):
             input_specs_from_json(bad)
+
+
+def test_local_functions_are_counted_as_inlined_before_they_are_inlined():
+    """1.6 KB of functions, each calling the one before ten times: a million nodes once inlined."""
+
+
+    calls: list[int] = []
+    real = onnx.inliner.inline_local_functions
+    onnx.inliner.inline_local_functions = lambda m, *a, **k: calls.append(1) or real(m, *a, **k)
+    try:
+        with pytest.raises(LimitExceeded, match="more than 100000 nodes"):
+            load_graph(nested_functions_onnx(7, 10), fmt="onnx")
+        assert not calls  # refused before the inliner ran
+        small = load_graph(nested_functions_onnx(3, 3), fmt="onnx")  # 9 nodes inlined: within the limits
+        assert len(small.model.graph.node) == 9 and calls
+    finally:
+        onnx.inliner.inline_local_functions = real
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)]
+    loop = oh.make_function("local", "f", ["x"], ["y"], [oh.make_node("f", ["x"], ["y"], domain="local")], opsets)
+    graph = oh.make_graph([oh.make_node("f", ["x"], ["y"], domain="local")], "g",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    with pytest.raises(GraphError, match="calls itself"):
+        load_graph(oh.make_model(graph, functions=[loop], opset_imports=opsets).SerializeToString(), fmt="onnx")

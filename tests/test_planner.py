@@ -9,12 +9,11 @@ import onnx
 import onnx.helper as h
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto as T
 from onnx import numpy_helper as nh
 
-from monitors.importer import load_graph
-from monitors.kernels import Kernel
-from monitors.planner import plan
+from monitors.graphs.importer import load_graph
+from monitors.pricing.kernels import Kernel
+from monitors.pricing.planner import plan
 from tests.models import LIGHT_DIR, make_model, value
 
 COMPUTE_OPS = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul", "FusedGemm"}
@@ -33,7 +32,10 @@ def _graph(model: onnx.ModelProto):
     return load_graph(model.SerializeToString(), fmt="onnx")
 
 
-def _w(shape, name, rng=np.random.default_rng(0)):
+RNG = np.random.default_rng(0)
+
+
+def _w(shape, name, rng=RNG):
     return nh.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
 
 

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 import time
 
 import pytest
-from sysfs_trees import desktop, laptop, vm
 
+from agent.simulation.load import Load
+from agent.simulation.trees import desktop, laptop, vm
 from probes.cpu import CpuProbe, CpuState, parse_loadavg_running, parse_proc_stat, parse_psi_some_avg10
 from probes.memory import MemoryProbe, parse_meminfo
+from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
+from probes.tree_cpu import TreeCpu
 
 
 def fixture_probe(tree) -> CpuProbe:
-    return CpuProbe(KernelFiles(tree.sys), KernelFiles(tree.proc), own_process=False)
+    return CpuProbe(KernelFiles(tree.sys), KernelFiles(tree.proc))
 
 
 def test_vm_fixture_tree_first_sample_has_no_load_not_zero(tmp_path):
@@ -61,6 +62,19 @@ def test_vm_fixture_tree_counters_going_back_give_no_load(tmp_path):
     tree.set_stat(busy=10, idle=10)  # garbage or a counter reset
     state = probe.sample()
     assert state.load is None
+
+
+def test_vm_fixture_tree_first_sample_has_no_run_queue_reading(tmp_path):
+    """Before an interval is measured the agent's own threads cannot be taken out of the run queue: at
+    start-up they would read as others' contention."""
+    tree = vm(tmp_path)
+    tree.set_stat(busy=5000, idle=14000, steal=1000, running=6)
+    probe = fixture_probe(tree)
+    probe.tick()
+    first = probe.sample()
+    assert first.runnable_others is None and first.demand is None
+    tree.set_stat(busy=5200, idle=14000, steal=1000, running=3)
+    assert probe.sample().runnable_others == pytest.approx(2.0)  # the start-up snapshots were dropped
 
 
 def test_vm_fixture_tree_runnable_is_the_mean_of_the_snapshots_since_the_last_sample(tmp_path):
@@ -120,9 +134,14 @@ def _burn(seconds: float) -> None:
         pass
 
 
+def real_probe() -> CpuProbe:
+    proc = KernelFiles("/proc")
+    return CpuProbe(KernelFiles("/sys"), proc, own=TreeCpu(proc, ProcessTree(proc, os.getpid())))
+
+
 def test_real_proc_own_cpu_is_not_load_by_others():
     """This process spinning for 0.3 s of CPU shows as own cores, not as others."""
-    probe = CpuProbe(KernelFiles("/sys"), KernelFiles("/proc"), own_process=True)
+    probe = real_probe()
     probe.sample()
     _burn(0.3)
     state = probe.sample()
@@ -138,19 +157,18 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_real_proc_busy_process_is_load_by_others():
-    """A real busy child process's CPU time is counted in load by others, whatever else runs here."""
-    probe = CpuProbe(KernelFiles("/sys"), KernelFiles("/proc"), own_process=True)
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    """A real busy process that is not the agent's (not in its process tree) is load by others, whatever
+    else runs here."""
+    probe = real_probe()
+    with Load(detached=True) as load:
+        load.set_busy(1)
+        pid = load.pids[0]
         time.sleep(0.2)
-        before = _cpu_seconds(child.pid)
+        before = _cpu_seconds(pid)
         probe.sample()
         time.sleep(0.6)
         state = probe.sample()
-        child_cores = (_cpu_seconds(child.pid) - before) / state.interval_s
-    finally:
-        child.kill()
-        child.wait()
+        child_cores = (_cpu_seconds(pid) - before) / state.interval_s
     assert child_cores > 0.1  # it did run
     assert state.others_busy_cores >= child_cores - 0.15  # tick granularity
     assert state.own_cores < 0.2

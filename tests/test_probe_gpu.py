@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from nvml_standin import (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_LIBRARY_NOT_FOUND,
-                          NvmlStandin, StandinGpu)
 
+from agent.simulation.nvml import (
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NvmlStandin,
+    StandinGpu,
+)
 from probes.gpu import GpuProbe
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from sysfs_trees import desktop, laptop, vm
-
+from agent.simulation.trees import desktop, laptop, vm
 from probes.power_mode import PowerModeProbe, PpdAnswer, PpdWatcher, query_ppd
 from probes.sysfs import KernelFiles
 

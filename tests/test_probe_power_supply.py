@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from sysfs_trees import desktop, laptop, server, vm
-
+from agent.simulation.trees import desktop, laptop, server, vm
 from probes.power_supply import Battery, PowerSupplyProbe, combined_percent
 from probes.sysfs import KernelFiles
 

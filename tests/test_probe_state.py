@@ -8,9 +8,9 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nvml_standin import NVML_ERROR_GPU_IS_LOST, NvmlStandin, StandinGpu
-from sysfs_trees import desktop, laptop, server, vm
 
+from agent.simulation.nvml import NVML_ERROR_GPU_IS_LOST, NvmlStandin, StandinGpu
+from agent.simulation.trees import desktop, laptop, server, vm
 from probes.state import Sampler
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from sysfs_trees import desktop, laptop, server, vm
-
+from agent.simulation.trees import desktop, laptop, server, vm
 from probes.sysfs import KernelFiles
 from probes.thermal import ThermalProbe
 

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-
 from agent_harness import AgentProcess, client, next_message, request_v5
-from broker import mosquitto_factory  # noqa: F401 - fixture
-from sysfs_trees import desktop
 from test_agent_contract import SMALL
+
+from agent.simulation.trees import desktop
 
 DEV = "rel1"
 MONITORS = ("a", "b", "c")
@@ -93,7 +92,7 @@ async def wait_until(predicate, timeout: float, what: str) -> None:
 
 @pytest.mark.slow
 async def test_ten_broker_restarts_and_ten_agent_sigkills_lose_no_event_no_monitor_and_seq_never_goes_back(
-        state_dir, mosquitto_factory, tmp_path: Path):  # noqa: F811
+        state_dir, mosquitto_factory, tmp_path: Path):
     rng = random.Random(5)
     device = desktop(tmp_path / "tree")
     device.set("firmware/acpi/platform_profile", "balanced")
@@ -126,7 +125,7 @@ async def test_ten_broker_restarts_and_ten_agent_sigkills_lose_no_event_no_monit
                 await asyncio.to_thread(agent.kill)
                 await asyncio.to_thread(agent.start, "connected to", 30.0)
             flips = i + 1
-            await wait_until(lambda: all(len(subscriber.events(m)) >= flips for m in MONITORS), 30,
+            await wait_until(lambda flips=flips: all(len(subscriber.events(m)) >= flips for m in MONITORS), 30,
                              f"the event of flip {flips} ({profile}, then a {fault} fault) for every monitor: "
                              f"have {[subscriber.events(m) for m in MONITORS]}")
 
@@ -159,7 +158,7 @@ async def test_ten_broker_restarts_and_ten_agent_sigkills_lose_no_event_no_monit
         await asyncio.to_thread(agent.stop)
 
 
-async def test_an_event_queued_while_the_broker_is_away_survives_a_sigkill(state_dir, mosquitto_factory, tmp_path):  # noqa: F811
+async def test_an_event_queued_while_the_broker_is_away_survives_a_sigkill(state_dir, mosquitto_factory, tmp_path):
     """The change is stored, its event waits in memory for the broker, the agent is killed: the restarted agent
     sends that last change event again (same seq), so the persistent subscriber still gets it."""
     device = desktop(tmp_path / "tree")

@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from agent_harness import agent_on, client, device, request_v5, write_config  # noqa: F401 - device is a fixture
-from broker import mosquitto  # noqa: F401 - fixture
+from agent_harness import agent_on, client, request_v5, write_config
 from test_agent_contract import SMALL
 
 DEV = "load1"
@@ -36,13 +34,13 @@ power_saver = true
 
 
 @pytest.fixture
-def agent(state_dir: Path, mosquitto, device, tmp_path: Path):  # noqa: F811
+def agent(state_dir: Path, mosquitto, device, tmp_path: Path):
     proc = agent_on(device, state_dir, mosquitto.url, write_config(tmp_path, CONFIG), DEV).start()
     yield proc
     proc.stop()
 
 
-async def test_a_hundred_clients_sending_requests_at_once_all_get_their_own_answers(agent, mosquitto):  # noqa: F811
+async def test_a_hundred_clients_sending_requests_at_once_all_get_their_own_answers(agent, mosquitto):
     async def one(i: int) -> tuple[float, float]:
         async with client(mosquitto.port, identifier=f"app-{i}") as c:
             t0 = time.perf_counter()
@@ -83,7 +81,7 @@ def raw_slow_subscriber(port: int, topic: str) -> socket.socket:
     return s
 
 
-async def test_a_slow_subscriber_does_not_hold_up_events_for_others_or_answers(agent, mosquitto, device):  # noqa: F811
+async def test_a_slow_subscriber_does_not_hold_up_events_for_others_or_answers(agent, mosquitto, device):
     monitors = [f"m{i:02d}" for i in range(20)]
     async with client(mosquitto.port) as c:
         for name in monitors:

@@ -1,8 +1,8 @@
 """Reliability of the senses: files vanishing and returning garbage, NVML failing midway.
 
 Where this machine has no such hardware the real probes and the real agent
-run against fixture /sys and /proc trees (tests/sysfs_trees.py) and the NVML
-stand-in (tests/nvml_standin.py), as the names of the tests say. The agent
+run against fixture /sys and /proc trees (agent/simulation/trees.py) and the NVML
+stand-in (agent/simulation/nvml.py), as the names of the tests say. The agent
 must keep running, keep answering, keep publishing what it still can see,
 and say what it cannot (`daop-agent state`: null readings, stale values with
 their age, notes).
@@ -16,25 +16,26 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pynvml
-import pytest
+from agent_harness import client, next_message, request_v5
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from agent_harness import client, next_message, request_v5
-from broker import mosquitto  # noqa: F401 - fixture
-from nvml_standin import NvmlStandin, StandinGpu
-from probes.state import Sampler
-from sysfs_trees import laptop
 from test_agent_contract import SMALL
+
+from agent.config import load_config
+from agent.service import Agent
+from agent.simulation.nvml import NvmlStandin, StandinGpu
+from agent.simulation.trees import amd_laptop, intel_laptop, laptop
+from probes.state import Sampler
 
 REPO = Path(__file__).resolve().parent.parent
 DEV = "sens1"
 
 GARBAGE = [b"", b"\x00\xff\xfe garbage", b"-999999999999999999999999", b"nan", b"inf\n", b"12abc", b"\n\n\n",
-           b"9" * 100_000, "température".encode("utf-8"), b"-1", b"1e309"]
+           b"9" * 100_000, "température".encode(), b"-1", b"1e309"]
 
 
 def files_of(root: Path) -> list[Path]:
@@ -82,9 +83,9 @@ def test_laptop_fixture_tree_vandalised_files_never_break_the_sampler(tmp_path_f
         path = data.draw(st.sampled_from(paths))
         vandalise(path, data.draw(st.integers(0, 2)), data.draw(st.sampled_from(GARBAGE)))
         if data.draw(st.booleans()):
-            gpu.fail[data.draw(st.sampled_from(["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
-                                                "nvmlDeviceGetTemperature", "nvmlDeviceGetCurrentClocksEventReasons"]))] \
-                = pynvml.NVML_ERROR_GPU_IS_LOST
+            call = data.draw(st.sampled_from(["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
+                                              "nvmlDeviceGetTemperature", "nvmlDeviceGetCurrentClocksEventReasons"]))
+            gpu.fail[call] = pynvml.NVML_ERROR_GPU_IS_LOST
         sampler.tick()  # a run-queue snapshot from whatever /proc/loadavg now holds
         state = sampler.sample()
         out = state.to_json()
@@ -111,6 +112,40 @@ def test_laptop_fixture_tree_vandalised_files_never_break_the_sampler(tmp_path_f
         assert a == b, key
 
 
+ACCELERATOR_TREES = {"amd-laptop": amd_laptop, "intel-laptop-i915": intel_laptop,
+                     "intel-laptop-xe": lambda root: intel_laptop(root, "xe")}
+IDENTITY = ("id", "kind", "vendor", "driver", "name", "pci_slot", "node", "shares_system_memory",
+            "memory_total_bytes", "clock_max_mhz")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_accelerator_fixture_trees_vandalised_files_never_break_the_sampler(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("tree")
+    tree = ACCELERATOR_TREES[data.draw(st.sampled_from(sorted(ACCELERATOR_TREES)))](root)
+    originals = {p: p.read_bytes() for p in files_of(tree.sys / "devices") + files_of(tree.proc)
+                 if p.name not in ("stat", "meminfo", "loadavg")}
+    sampler = Sampler(tree.sys, tree.proc, ppd=False, gpus=False)
+    sampler.sys_files.slow_read_s = sampler.proc_files.slow_read_s = 30.0  # host load is no slow sensor
+    clean = sampler.sample().to_json()["accelerators"]
+    paths = sorted(originals)
+    for _ in range(data.draw(st.integers(1, 12))):
+        vandalise(data.draw(st.sampled_from(paths)), data.draw(st.integers(0, 2)), data.draw(st.sampled_from(GARBAGE)))
+        out = sampler.sample().to_json()
+        json.dumps(out)
+        assert finite_or_none(out)
+        for a in out["accelerators"]:
+            assert all(a[k] is None or 0.0 <= a[k] <= 1.0 for k in ("busy", "others_busy", "own_busy"))
+            assert all(a[k] is None or a[k] >= 0 for k in ("memory_used_bytes", "memory_free_bytes", "clients"))
+    for path, content in originals.items():
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    restored = sampler.sample().to_json()["accelerators"]
+    assert [{k: a[k] for k in IDENTITY} for a in restored] == [{k: a[k] for k in IDENTITY} for a in clean]
+
+
 def test_laptop_fixture_tree_garbage_readings_are_stale_last_good_values_then_null(tmp_path):
     tree = laptop(tmp_path)
     sampler = Sampler(tree.sys, tree.proc, ppd=False, gpus=False, stale_after_s=0.3)
@@ -123,7 +158,6 @@ def test_laptop_fixture_tree_garbage_readings_are_stale_last_good_values_then_nu
     during = sampler.sample()
     assert during.thermal.max_temp_c == 71.5  # the last good value ...
     assert any("thermal_zone1" in k for k in during.stale)  # ... said to be one, with its age
-    import time
 
     time.sleep(0.35)
     later = sampler.sample()
@@ -148,17 +182,15 @@ def test_nvml_standin_failing_midway_keeps_last_good_values_then_recovers(tmp_pa
 
 
 async def test_agent_on_a_laptop_fixture_tree_and_nvml_standin_keeps_running_while_its_sensors_fail(
-        state_dir, mosquitto, tmp_path):  # noqa: F811
+        state_dir, mosquitto, tmp_path):
     """In-process agent (the NVML stand-in is injected into its Sampler); a real broker; real estimates."""
-    from dataclasses import replace
 
-    from agent.config import load_config
-    from agent.service import Agent
 
     tree = laptop(tmp_path / "tree")
     tree.supply("ADP1", type="Mains", online=1)
     config = tmp_path / "agent.toml"
-    config.write_text("[monitors]\nmin_dwell_s = 0.1\nmax_events_per_minute = 60\n[policy]\nbattery_floor_percent = 20\n")
+    config.write_text("[monitors]\nmin_dwell_s = 0.1\nmax_events_per_minute = 60\n"
+                      "[policy]\nbattery_floor_percent = 20\n")
     cfg = load_config(config, {"broker": mosquitto.url, "device_id": DEV, "state_dir": str(state_dir),
                                "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
                                "calibration": "quick"})
@@ -181,7 +213,7 @@ async def test_agent_on_a_laptop_fixture_tree_and_nvml_standin_keeps_running_whi
             # count, though the samples' own /proc/stat snapshot reads none
             tree.set_proc("loadavg", "6.00 6.00 6.00 7/300 4242\n")
             await asyncio.sleep(0.5)
-            assert agent._last_state.cpu.runnable_others > 3.0, agent._last_state.cpu
+            assert agent.speed.state.cpu.runnable_others > 3.0, agent.speed.state.cpu
 
             # the senses fail: files vanish or hold garbage, /proc/stat is junk, NVML loses the GPU
             shutil.rmtree(tree.sys / "class/thermal")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.slow_phase import phase_rows, refresh_views, split_phases
+from monitors.speed.present import MEASURED_WEIGHT
+from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY
 
 
 def test_split_recovers_a_constant_extra_per_megabyte_where_the_ratio_differs() -> None:
@@ -27,7 +29,6 @@ def test_one_phase_only_gives_no_rows() -> None:
 
 def test_refresh_views_score_the_handoff_extra_against_the_slowdown_alone() -> None:
     """A slow phase the compute probe hardly sees: 0.1 ms per MB on top; only the handoff view follows it."""
-    from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY
 
     mbytes = {"bytes": 20.0, "flops": 1.0}
     windows = [{"bytes": 4.0, "flops": 10.0}, {"bytes": 6.0, "flops": 10.1}]
@@ -42,8 +43,6 @@ def test_refresh_views_score_the_handoff_extra_against_the_slowdown_alone() -> N
 
 def test_refresh_views_blend_a_measured_slowdown_as_the_agent_does() -> None:
     """With no signal predicting it, the agent takes a measured 1.44x slowdown at MEASURED_WEIGHT in log space."""
-    from monitors.speed import MEASURED_WEIGHT
-    from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY
 
     windows = [{"m": 10.0}, {"m": 14.4}]
     readings = [{LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 1e-3}, {LOCKSTEP_KEY: 1.44e-3, HANDOFF_KEY: 1.44e-3}]

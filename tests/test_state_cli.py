@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from sysfs_trees import BUILDERS
+
+from agent.simulation.trees import ACCELERATOR_BUILDERS, BUILDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,9 +25,12 @@ def test_state_json_on_fixture_tree(tmp_path, kind):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     expected = {
-        "laptop": ({"max_temp_c": 71.5, "throttling": False}, {"present": True, "percent": 37.0, "plugged": False}, "low-power"),
-        "desktop": ({"max_temp_c": 49.0, "throttling": False}, {"present": False, "percent": None, "plugged": True}, None),
-        "server": ({"max_temp_c": 58.0, "throttling": False}, {"present": False, "percent": None, "plugged": True}, None),
+        "laptop": ({"max_temp_c": 71.5, "throttling": False},
+                   {"present": True, "percent": 37.0, "plugged": False}, "low-power"),
+        "desktop": ({"max_temp_c": 49.0, "throttling": False},
+                    {"present": False, "percent": None, "plugged": True}, None),
+        "server": ({"max_temp_c": 58.0, "throttling": False},
+                   {"present": False, "percent": None, "plugged": True}, None),
         "vm": ({"max_temp_c": None, "throttling": None}, {"present": False, "percent": None, "plugged": True}, None),
     }[kind]
     thermal, battery, mode = expected
@@ -61,3 +65,36 @@ def test_state_bad_root_exits_2_with_one_line(tmp_path):
     out = daop("state", "--sysfs-root", str(tmp_path / "nowhere"))
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "--sysfs-root" in out.stderr and "Traceback" not in out.stderr
+
+
+ACCELERATORS = {
+    "intel-laptop-i915": [("gpu0", "gpu", "intel", "i915"), ("npu0", "npu", "intel", "intel_vpu")],
+    "intel-laptop-xe": [("gpu0", "gpu", "intel", "xe"), ("npu0", "npu", "intel", "intel_vpu")],
+    "amd-laptop": [("gpu0", "gpu", "amd", "amdgpu"), ("npu0", "npu", "amd", "amdxdna")],
+    "nvidia-desktop": [("gpu0", "gpu", "nvidia", "nvidia")],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ACCELERATOR_BUILDERS))
+def test_state_json_lists_accelerators_on_fixture_tree(tmp_path, kind):
+    tree = ACCELERATOR_BUILDERS[kind](tmp_path)
+    out = daop("state", "--json", "--sysfs-root", str(tree.sys), "--procfs-root", str(tree.proc))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [(a["id"], a["kind"], a["vendor"], a["driver"]) for a in doc["accelerators"]] == ACCELERATORS[kind]
+    assert doc["gpus"] == []  # the contract's NVML list: no NVML in this process
+    for a in doc["accelerators"]:
+        assert a["calibrated_as"] is None and isinstance(a["providers"], list)
+        # one clear line for each accelerator no estimate runs on
+        assert sum(n.startswith(a["id"] + " (") and "no calibrated onnxruntime execution provider" in n
+                   for n in doc["notes"]) == 1
+
+
+def test_state_table_on_amd_laptop_fixture_tree(tmp_path):
+    tree = ACCELERATOR_BUILDERS["amd-laptop"](tmp_path)
+    out = daop("state", "--sysfs-root", str(tree.sys), "--procfs-root", str(tree.proc))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("gpu0") and "busy 35 %" in line and "amdgpu" in line for line in lines)
+    assert any(line.startswith("npu0") and "RyzenAI-npu1" in line for line in lines)
+    assert sum("no calibrated onnxruntime execution provider" in line for line in lines) == 2

@@ -1,4 +1,4 @@
-"""The systemd unit: `systemd-analyze verify` clean, exposure <= 2.0, and the settings the agent relies on."""
+"""The systemd unit: `systemd-analyze verify` clean, exposure <= 1.7, and the settings the agent relies on."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def test_unit_verifies_clean(tmp_path: Path):
 
 
 @needs_analyze
-def test_unit_hardening_exposure_is_at_most_2():
+def test_unit_hardening_exposure_is_at_most_1_7():
     result = subprocess.run([ANALYZE, "security", "--offline=true", "--no-pager", str(UNIT)],
                             capture_output=True, text=True)
     match = re.search(r"Overall exposure level for daop-agent\.service: (\d+\.\d+)", result.stdout + result.stderr)
     assert match, result.stdout[-2000:] + result.stderr
-    assert float(match.group(1)) <= 2.0
+    assert float(match.group(1)) <= 1.7
 
 
 def test_unit_is_notify_with_watchdog_restart_state_dir_and_nvml_devices():
@@ -64,3 +64,26 @@ def test_unit_is_notify_with_watchdog_restart_state_dir_and_nvml_devices():
     parser.optionxform = str  # type: ignore[assignment]
     parser.read_string(UNIT.read_text())
     assert parser.sections() == ["Unit", "Service", "Install"]
+
+
+def test_unit_names_only_groups_a_debian_system_has():
+    """systemd refuses to start a unit whose SupplementaryGroups= names a missing group (Debian 12 has no
+    `render` until a GPU driver's udev rules create it); this test machine is a Debian 12 base system."""
+    import grp  # noqa: PLC0415 - only where the unit's group is checked (a Unix-only module)
+
+    for group in " ".join(settings().get("SupplementaryGroups", [])).split():
+        grp.getgrnam(group)  # KeyError: the group is missing
+
+
+def test_unit_loads_the_broker_password_as_a_credential_with_an_empty_default():
+    s = settings()
+    assert s["LoadCredential"] == ["broker-password:/etc/daop-agent/broker-password"]
+    # without the file, SetCredential= is the default and the unit still starts (no password)
+    assert s["SetCredential"] == ["broker-password:\\n"]
+
+
+def test_unit_has_memory_for_its_own_calibration():
+    value = settings()["MemoryMax"][0]
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    limit = float(value[:-1]) * units[value[-1]]
+    assert limit >= 2 * 2**30  # a full calibration's tree peaks at 1.1 GB on larger machines (docs/systemd.md)

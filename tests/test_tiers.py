@@ -1,9 +1,10 @@
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from monitors.tiers import TIER_NAMES, bound_ms, meets, rank, tier_for
+from monitors.pricing.tiers import TIER_NAMES, bound_ms, meets, rank, tier_for
 
 
 @pytest.mark.parametrize("ms,tier", [

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onnx import numpy_helper
 
-from monitors import webnn_json, webnn_text
 from monitors.errors import GraphError, LimitExceeded
-from monitors.graph import InputSpec
-from monitors.importer import load_graph
-from monitors.limits import Limits
-from monitors.webnn_ops import OPS
+from monitors.graphs import webnn_json, webnn_text
+from monitors.graphs.graph import InputSpec
+from monitors.graphs.importer import load_graph
+from monitors.graphs.limits import Limits
+from monitors.graphs.shapes import bind_and_infer
+from monitors.graphs.webnn_ops import OPS
 from tests.webnn_cases import CASES, run, to_json
 
 DATA = Path(__file__).parent / "data"
@@ -104,7 +106,6 @@ def test_inline_bytes_and_scalar_constants_carry_their_values():
         "outputs": {"y": "y"},
     }
     model = webnn_json.to_onnx(obj, Limits())
-    from onnx import numpy_helper
     values = {t.name: numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
     assert values["i"] == [3, 1] and values["k"] == [2.0]
 
@@ -139,7 +140,8 @@ BAD = [
     (changed("consts/W/shape", [{"name": "n", "maxSize": 2}, 1000]), "consts['W'].shape[0]: expected a positive"),
     (changed("consts/W/init", {"kind": "file", "ref": "W"}), "consts['W'].init.kind: expected 'weights'"),
     (changed("consts/W/init", {"kind": "scalar", "value": "big"}), "consts['W'].init.value: expected a number"),
-    (changed("consts/b/init", {"kind": "inlineBytes", "bytes": [1, 2]}), "consts['b']: constant 'b': 2 bytes given, float32[1000] needs 4000"),
+    (changed("consts/b/init", {"kind": "inlineBytes", "bytes": [1, 2]}),
+     "consts['b']: constant 'b': 2 bytes given, float32[1000] needs 4000"),
     (changed("nodes/0/op", "foo"), "nodes[0] ('logits0'): unknown operator 'foo'"),
     (changed("nodes/2/options", {"axis": 1, "dim": 2}), "nodes[2] ('probs'): softmax: unknown option 'dim'"),
     (changed("nodes/2/options", {"axis": "one"}), "softmax: option 'axis': expected an integer, got 'one'"),
@@ -231,7 +233,6 @@ def test_perturbed_valid_graphs_fail_cleanly_or_infer_cleanly(index, pick, value
     except GraphError as e:
         assert "\n" not in str(e)
         return
-    from monitors.shapes import bind_and_infer
     bind_and_infer(model, None, Limits())  # what lowering accepts, ONNX shape inference accepts too
 
 

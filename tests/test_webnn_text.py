@@ -1,21 +1,28 @@
-"""The `.webnn` text format: every operator maps to runnable ONNX with the WebNN spec's shapes; bad text fails in one line."""
+"""The `.webnn` text format: every operator maps to runnable ONNX with the WebNN spec's shapes; bad text fails in
+one line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from math import erf, sqrt
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitors import webnn_text
+from agent.simulation.materialize import materialize
 from monitors.errors import GraphError, LimitExceeded
-from monitors.graph import ABSENT_LOCATION, InputSpec
-from monitors.importer import load_graph
-from monitors.limits import Limits
-from monitors.shapes import bind_and_infer
+from monitors.graphs import webnn_text
+from monitors.graphs.graph import ABSENT_LOCATION, InputSpec
+from monitors.graphs.importer import load_graph
+from monitors.graphs.limits import Limits
+from monitors.graphs.shapes import bind_and_infer
 from tests.webnn_cases import CASES, run
 
 DATA = Path(__file__).parent / "data"
@@ -83,19 +90,13 @@ def test_gelu_lowers_to_the_erf_pattern_onnxruntime_fuses():
     graph = graph_of('webnn_graph "g" v1 { inputs { x: f32[2, 8]; } nodes { y = gelu(x); } outputs { y; } }')
     assert [n.op_type for n in graph.nodes] == ["Div", "Erf", "Add", "Mul", "Mul"]
     x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
-    import onnxruntime as ort
-    from monitors.materialize import materialize
     session = ort.InferenceSession(materialize(graph).SerializeToString(), providers=["CPUExecutionProvider"])
-    from math import erf, sqrt
     expected = np.array([[v * 0.5 * (1 + erf(v / sqrt(2))) for v in row] for row in x], dtype=np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_onnxruntime_fuses_the_lowered_gelu_and_conv_batchnorm_clamp(tmp_path):
     """The lowering yields the patterns onnxruntime's optimizer recognises (its own optimized graph is the oracle)."""
-    import onnx
-    import onnxruntime as ort
-    from monitors.materialize import materialize
     text = """webnn_graph "fuse" v1 {
       inputs { x: f32[1, 8, 16, 16]; t: f32[4, 64]; }
       consts { w: f32[16, 8, 3, 3]; m: f32[16]; v: f32[16]; s: f32[16]; b: f32[16]; }
@@ -315,3 +316,20 @@ def test_an_input_or_constant_cannot_be_an_output_as_in_mlgraphbuilder_build():
     for outs in ("x;", "w;"):
         with pytest.raises(GraphError, match=r"^line 7:13: output '.' is a graph input or constant"):
             webnn_text.to_onnx(nodes("y = relu(x);").replace("outputs { y; }", f"outputs {{ {outs} }}"), Limits())
+
+
+def test_a_15_mb_string_literal_is_refused_before_the_lexer_backtracks_over_it():
+    """In a process of its own, to read its peak memory: the unbounded string pattern took 2.5 GB here."""
+
+    code = ("import resource\n"
+            "from monitors.graphs.importer import load_graph\n"
+            "from monitors.errors import GraphError\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "text = 'webnn_graph \"g\" v1 { inputs { x: f32[1]; } nodes { y = relu(x, label=\"' + 'a' * 15_000_000"
+            " + '\"); } outputs { y; } }'\n"
+            "try:\n    load_graph(text, fmt='webnn')\nexcept GraphError as e:\n    print(e)\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.splitlines()
+    assert out[0] == "line 1:70: token longer than 4096 characters", out
+    assert int(out[1]) < 200, f"{out[1]} MB for a refused 15 MB string"

@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 from bench import groundtruth, zoo
-from monitors.importer import load_graph
+from monitors.graphs.importer import load_graph
 
 
 def test_zoo_entries_are_unique_and_fully_bound() -> None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from monitors.graph import Graph
-from monitors.materialize import materialize
+from agent.simulation.materialize import materialize
+from monitors.graphs.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,8 @@ CASES: list[Case] = [
     _c("alias_and_scalar", "x: f32[2, 3];", "s: f32[] @scalar(0.5);", "m = mul(x, s);\n    y = m;", y=(2, 3)),
     _c("bytes_const", "x: f32[4, 5];", "i: i32[2] @bytes([1, 0, 0, 0, 3, 0, 0, 0]);", "y = gather(x, i);",
        y=(2, 5)),
-    _c("float16", "x: f16[1, 8, 4, 4];", "w: f16[8, 8, 1, 1];", "c = conv2d(x, w);\n    y = gelu(c);", y=("float16", (1, 8, 4, 4))),
+    _c("float16", "x: f16[1, 8, 4, 4];", "w: f16[8, 8, 1, 1];", "c = conv2d(x, w);\n    y = gelu(c);",
+       y=("float16", (1, 8, 4, 4))),
 ]
 
 
@@ -197,7 +198,7 @@ def run(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, random_feeds(graph, seed))))
+    return dict(zip(names, session.run(names, random_feeds(graph, seed)), strict=True))
 
 
 def to_json(decl) -> dict:

@@ -10,11 +10,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent.commands.files import SHARE, packaged
+from agent.config import default_state_dir
+from agent.simulation.report import format_record
+from agent.simulation.runner import run_scenario
+from agent.simulation.scenario import load_scenario
+
 HELP = "Run the real agent on a simulated device along a scenario (TOML) and check the events it expects."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", help="scenario file (TOML); see docs/simulate.md and scenarios/")
+    p.add_argument("scenario", help="scenario file (TOML), or the name of a packaged one (laptop-heats-up: "
+                                          "daop-agent files lists them); see docs/simulate.md")
     p.add_argument("--broker", metavar="URL", help="use this broker instead of a private Mosquitto")
     p.add_argument("--speed", type=float, default=1.0, metavar="X",
                    help="run the timeline X times faster (the agent's dwell and rate limits are not scaled)")
@@ -26,10 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.config import default_state_dir
-    from agent.simulation import format_record, load_scenario, run_scenario
-
-    scenario = load_scenario(args.scenario)  # a malformed file: BadInput, exit 2
+    path = Path(args.scenario)
+    if not path.exists() and f"scenarios/{args.scenario}.toml" in packaged():  # a packaged one, by name
+        path = SHARE / "scenarios" / f"{args.scenario}.toml"
+    scenario = load_scenario(path)  # a malformed file: BadInput, exit 2
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("mqtt").setLevel(logging.WARNING)

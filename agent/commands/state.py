@@ -7,9 +7,10 @@ import json
 import os
 
 from monitors.errors import BadInput
+from monitors.placement import calibrated_device, no_provider_line, providers_for
 from probes.state import DeviceState, Sampler
 
-HELP = "Show the device state as the agent sees it (thermal, battery, power mode, CPU, GPUs)."
+HELP = "Show the device state as the agent sees it (thermal, battery, power mode, CPU, GPUs and NPUs)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,11 +30,29 @@ def run(args: argparse.Namespace) -> int:
         state = sampler.sample_over()
     finally:
         sampler.close()
+    installed = _providers() if state.accelerators else ()
     if args.json:
-        print(json.dumps(state.to_json()))
+        doc = state.to_json()
+        for acc, out in zip(state.accelerators, doc["accelerators"], strict=True):
+            out["providers"] = providers_for(acc, installed)
+            out["calibrated_as"] = calibrated_device(acc, state.accelerators, installed)
+        doc["notes"] += provider_notes(state, installed)
+        print(json.dumps(doc))
     else:
-        print(format_table(state))
+        print(format_table(state, installed))
     return 0
+
+
+def _providers() -> tuple[str, ...]:
+    from probes import providers  # noqa: PLC0415 - loads onnxruntime: only when there is an accelerator to match
+
+    return providers.installed()
+
+
+def provider_notes(state: DeviceState, installed: tuple[str, ...]) -> list[str]:
+    """One line for each accelerator no estimate runs on, and why."""
+    return [no_provider_line(a, installed) for a in state.accelerators
+            if calibrated_device(a, state.accelerators, installed) is None]
 
 
 def _fmt(value: object, unit: str = "", digits: int = 1) -> str:
@@ -46,7 +65,15 @@ def _fmt(value: object, unit: str = "", digits: int = 1) -> str:
     return f"{value}{unit}"
 
 
-def format_table(state: DeviceState) -> str:
+def _gib(value: int | None) -> float | None:
+    return None if value is None else value / (1 << 30)
+
+
+def _percent(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
+def format_table(state: DeviceState, installed: tuple[str, ...] = ()) -> str:
     """A readable table: one signal per line, `unknown` where it cannot be read."""
     t, b, p, c, m = state.thermal, state.battery, state.power, state.cpu, state.memory
     rows: list[tuple[str, str]] = [
@@ -55,41 +82,58 @@ def format_table(state: DeviceState) -> str:
                     + (f" ({t.source}, {len(t.zones)} sensors)" if t.source else "")),
     ]
     for z in t.zones:
-        rows.append((f"  {z.name}", f"{z.type or '?'}: {_fmt(z.temp_c, ' C')}, passive at {_fmt(z.passive_c, ' C')}"))
+        rows.append((f"  {z.name}",
+                     f"{z.type or '?'}: {_fmt(z.temp_c, ' C')}, passive at {_fmt(z.passive_c, ' C')}"))
     for cd in t.cooling:
         rows.append((f"  {cd.name}", f"{cd.type or '?'}: state {_fmt(cd.cur_state)} of {_fmt(cd.max_state)}"))
     if t.throttle_count is not None:
         rows.append(("  throttle count", f"{t.throttle_count} (+{_fmt(t.throttle_events)} since last sample)"))
     if b.present:
-        rows.append(("battery", f"{_fmt(b.percent, ' %')}, {b.charging or 'status unknown'}, plugged {_fmt(b.plugged)}"))
+        rows.append(("battery",
+                     f"{_fmt(b.percent, ' %')}, {b.charging or 'status unknown'}, plugged {_fmt(b.plugged)}"))
         for x in b.batteries:
             rows.append((f"  {x.name}", f"{_fmt(x.percent, ' %')}, {x.status or 'status unknown'}"))
     else:
         rows.append(("battery", f"none, plugged {_fmt(b.plugged)}"))
-    for a in b.adapters:
-        rows.append((f"  {a.name}", f"{a.type}, online {_fmt(a.online)}"))
+    for adapter in b.adapters:
+        rows.append((f"  {adapter.name}", f"{adapter.type}, online {_fmt(adapter.online)}"))
     rows.append(("power mode", _fmt(p.power_mode)))
     if p.platform_profile_choices:
         rows.append(("  profile choices", " ".join(p.platform_profile_choices)))
-    if p.ppd_profile is not None:
-        rows.append(("  power-profiles-daemon", f"{p.ppd_profile}" + (f", degraded: {p.ppd_degraded}" if p.ppd_degraded else "")))
     rows.append(("  governor / EPP", f"{_fmt(p.governor)} / {_fmt(p.epp)}"))
-    others = f"{_fmt(c.others_busy_cores, digits=2)} of {_fmt(c.cores)} cores" if c.others_busy_cores is not None else "unknown"
+    others = (f"{_fmt(c.others_busy_cores, digits=2)} of {_fmt(c.cores)} cores"
+              if c.others_busy_cores is not None else "unknown")
     rows.append(("cpu", f"load by others {_fmt(c.load, digits=2)} ({others}), "
                         f"{_fmt(c.runnable_others)} other tasks runnable"))
-    rows.append(("  pressure / steal", f"PSI some avg10 {_fmt(c.psi_some_avg10, ' %')}, steal {_fmt(None if c.steal is None else 100 * c.steal, ' %')}"))
-    rows.append(("  clock", f"{_fmt(c.cur_mhz, ' MHz', 0)} of {_fmt(c.max_mhz, ' MHz', 0)} (limit {_fmt(c.limit_mhz, ' MHz', 0)})"))
-    gib = 1 << 30
-    rows.append(("memory", f"{_fmt(None if m.available_bytes is None else m.available_bytes / gib, ' GiB')} available of "
-                           f"{_fmt(None if m.total_bytes is None else m.total_bytes / gib, ' GiB')}, PSI some avg10 {_fmt(m.psi_some_avg10, ' %')}"))
-    if not state.gpus:
-        rows.append(("gpus", "none"))
-    for g in state.gpus:
-        free = None if g.memory_free_bytes is None else g.memory_free_bytes / gib
-        rows.append((f"gpu {g.index}", f"{g.name or '?'}: util {_fmt(g.util_percent, ' %', 0)}, {_fmt(free, ' GiB')} free, "
-                                       f"{_fmt(g.temp_c, ' C', 0)}, {_fmt(g.power_w, ' W', 0)} of {_fmt(g.power_limit_w, ' W', 0)}, "
-                                       f"SM {_fmt(g.sm_clock_mhz, ' MHz', 0)} of {_fmt(g.sm_clock_max_mhz, ' MHz', 0)}, "
-                                       f"thermal {_fmt(g.thermal_throttling)}, power cap {_fmt(g.power_capping)}"))
+    rows.append(("  pressure / steal",
+                 f"PSI some avg10 {_fmt(c.psi_some_avg10, ' %')}, steal {_fmt(_percent(c.steal), ' %')}"))
+    rows.append(("  clock", f"{_fmt(c.cur_mhz, ' MHz', 0)} of {_fmt(c.max_mhz, ' MHz', 0)} "
+                            f"(limit {_fmt(c.limit_mhz, ' MHz', 0)})"))
+    rows.append(("memory", f"{_fmt(_gib(m.available_bytes), ' GiB')} available of {_fmt(_gib(m.total_bytes), ' GiB')}, "
+                           f"PSI some avg10 {_fmt(m.psi_some_avg10, ' %')}"))
+    if not state.accelerators:
+        rows.append(("accelerators", "none"))
+    for a in state.accelerators:
+        what = " ".join(p for p in (a.kind, a.name or "?", f"({a.driver or '?'}, {a.pci_slot or 'no PCI slot'})") if p)
+        rows.append((a.id, f"{what}: busy {_fmt(_percent(a.busy), ' %', 0)}, "
+                           f"by others {_fmt(_percent(a.others_busy), ' %', 0)}, "
+                           f"by the agent {_fmt(_percent(a.own_busy), ' %', 0)} ({a.busy_source or 'no reading'}), "
+                           f"{_fmt(a.clients)} clients of others"))
+        if a.shares_system_memory:
+            memory = "shares the system's memory"
+        else:
+            memory = f"{_fmt(_gib(a.memory_free_bytes), ' GiB')} free of {_fmt(_gib(a.memory_total_bytes), ' GiB')}"
+        rows.append(("  memory / clock", f"{memory}; clock {_fmt(a.clock_mhz, ' MHz', 0)} of "
+                                         f"{_fmt(a.clock_max_mhz, ' MHz', 0)}"
+                                         + (f" (limit {a.clock_limit_mhz:.0f} MHz)" if a.clock_limit_mhz else "")
+                                         + f", throttled {_fmt(a.throttled)}"
+                                         + (f" ({', '.join(a.throttle_reasons)})" if a.throttle_reasons else "")))
+        if a.power_w is not None or a.temp_c is not None:
+            rows.append(("  power / temp",
+                         f"{_fmt(a.power_w, ' W', 0)} of {_fmt(a.power_limit_w, ' W', 0)}, {_fmt(a.temp_c, ' C', 0)}"))
+        calibrated = calibrated_device(a, state.accelerators, installed)
+        rows.append(("  estimates", f"as device '{calibrated}'" if calibrated
+                     else no_provider_line(a, installed).split(": ", 1)[1]))
     for key, age in sorted(state.stale.items()):
         rows.append(("stale", f"{key}: last good value, {age:.1f} s old"))
     for note in state.notes:

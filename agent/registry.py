@@ -1,0 +1,431 @@
+"""The device's monitors as the agent holds them: records, the decision table, what apps said and taught, the
+files on disk.
+
+They change together under one lock, in seq order: a change is on disk before its answer or its event
+goes out (`send`), so nothing acknowledged is lost, even across a SIGKILL.
+
+Apps tell the agent two things about their own monitors. That they run its workloads here now (`running`):
+the monitor is then priced at a speed that leaves the app's own run out (monitors/speed/present.py:
+`PresentSpeed.for_share`), from its process tree's CPU when the app gave its pid, else from its rate and
+latency. And what they measured (`report`): a bounded correction of each workload's estimate is learnt from
+it (monitors/warm.py), kept on the device in `warm/<monitor>.json`, and moves that monitor's answers only.
+
+A monitor belongs to the client that created it (its owner, from the request's topic; "" for the shared
+topics): only that owner lists, replaces, deletes, reports on or says it runs it, and its topics live in the
+owner's scope (agent/topics.py). To anyone else it is not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.analysis import Analysis, EngineError
+from agent.store import MonitorStore, Running, StoredMonitor, StoredWorkload, atomic_write, set_aside
+from agent.topics import Outgoing, Topics
+from monitors.errors import BadInput
+from monitors.requirements import Requirement
+from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest, measured_share
+from monitors.table import MonitorRules, MonitorTable, initial_answer
+from monitors.warm import Learnt, reduce
+
+log = logging.getLogger("daop-agent")
+
+REBASE_CHUNK = 500  # stored plans priced again per call to the workers
+WARM_DIR = "warm"
+WARM_SAVE_S = 10.0  # learnt corrections are written at most this often (and at a clean stop)
+MAX_HELD = 100_000  # messages held while the disk refuses the seq file (oldest dropped beyond, logged)
+
+
+class MonitorRegistry:
+    def __init__(self, state_dir: Path, rules: MonitorRules, max_monitors: int, topics: Topics,
+                 send: Callable[..., None], procfs_root: str = "/proc") -> None:
+        self.store = MonitorStore(state_dir)
+        self.table = MonitorTable(rules)
+        self.records: dict[str, StoredMonitor] = {}
+        self.learnt: dict[str, list[Learnt]] = {}  # monitor -> one per workload
+        self.max_monitors = max_monitors
+        self.topics = topics
+        self.procfs_root = procfs_root
+        self._send = send
+        self._mutate = asyncio.Lock()  # table + disk + outbox change together, in seq order
+        self._warm_dir = Path(state_dir) / WARM_DIR
+        self._warm_dirty: set[str] = set()
+        self._warm_saved_at = -math.inf
+        # Storage faults are a state, not a crash: what could not be saved is retried on every tick, and the
+        # messages that wait on it (a change is on disk before its event goes out) are held, in order.
+        self._held: list[Outgoing] = []
+        self.storage_error: str | None = None  # why the last save failed; None while saving works
+        self.on_storage: Callable[[str | None], None] = lambda why: None  # told when that changes
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # -- loading and holding ----------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """The monitors and what apps taught them, from disk (blocking: run it in a thread)."""
+        monitors, last_seq = self.store.load()
+        for m in monitors:
+            self._add(m)
+            self.learnt[m.monitor] = self._load_learnt(m)
+        self.table.last_seq = max(self.table.last_seq, last_seq)
+        if monitors:
+            log.info("loaded %d monitor(s) from %s", len(monitors), self.store.folder)
+
+    def cleared_corrupt(self) -> list[Outgoing]:
+        """Empty retained states for the monitors whose files were set aside at load: the broker forgets them
+        (their apps see them gone, as after a delete) rather than keep a state no one updates."""
+        return [self.topics.cleared_state(m) for m in self.store.set_aside if m not in self.records]
+
+    def _load_learnt(self, m: StoredMonitor) -> list[Learnt]:
+        path = self._warm_dir / f"{m.monitor}.json"
+        try:
+            doc = json.loads(path.read_bytes())
+            learnt = [Learnt.from_json(doc[w.name]) if w.name in doc else Learnt() for w in m.workloads]
+        except FileNotFoundError:
+            return [Learnt() for _ in m.workloads]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            set_aside(path, str(exc) or type(exc).__name__, self.store.corrupt_folder)
+            return [Learnt() for _ in m.workloads]
+        return learnt
+
+    def _add(self, m: StoredMonitor) -> None:
+        self.records[m.monitor] = m
+        self.table.add(m.monitor, [w.member() for w in m.workloads], m.meets, m.seq, m.member_meets)
+
+    def _forget(self, monitor: str) -> None:
+        self.records.pop(monitor, None)
+        self.learnt.pop(monitor, None)
+        self._warm_dirty.discard(monitor)
+        if monitor in self.table:
+            self.table.remove(monitor)
+
+    def _state(self, rec: StoredMonitor) -> Outgoing:
+        if not rec.group:
+            return self.topics.state_message(rec.monitor, rec.meets, rec.seq, rec.workloads[0].requirement.to_json(),
+                                             owner=rec.owner)
+        answers = rec.member_meets or [rec.meets] * len(rec.workloads)
+        return self.topics.state_message(rec.monitor, rec.meets, rec.seq, {}, {
+            w.name: (w.requirement.to_json(), ok) for w, ok in zip(rec.workloads, answers, strict=True)},
+            owner=rec.owner)
+
+    def retained(self) -> list[Outgoing]:
+        """Every monitor's retained state."""
+        return [self._state(rec) for rec in list(self.records.values())]
+
+    def last_events(self) -> list[Outgoing]:
+        """Each monitor's last change event again, same seq: at least once, even across a SIGKILL.
+
+        A change is stored before its event is published, so an agent killed while the broker was away
+        (events queued in memory) would otherwise never send it. A subscriber that has it already sees a
+        duplicate seq, as with any QoS 1 duplicate, and drops it.
+        """
+        return [self.topics.event_message(rec.monitor, rec.meets, rec.seq, self._answers(rec), rec.owner)
+                for rec in self.records.values() if rec.seq > rec.created_seq >= 0]
+
+    def _answers(self, rec: StoredMonitor) -> dict[str, bool] | None:
+        if not rec.group:
+            return None
+        answers = rec.member_meets or [rec.meets] * len(rec.workloads)
+        return {w.name: ok for w, ok in zip(rec.workloads, answers, strict=True)}
+
+    def listing(self, owner: str) -> list[dict[str, Any]]:
+        """The owner's monitors, and no one else's."""
+        return [json.loads(self._state(r).payload) for r in sorted(self.records.values(), key=lambda r: r.monitor)
+                if r.owner == owner]
+
+    def check_room(self, monitor: str) -> None:
+        if monitor not in self.records and len(self.records) >= self.max_monitors:
+            raise BadInput(f"this device already has {len(self.records)} monitors, the limit", "too_many_monitors")
+
+    def record(self, monitor: str, owner: str | None = None) -> StoredMonitor:
+        """The monitor, as its owner asks for it (None: the agent's own look-up). Another owner's is not there."""
+        rec = self.records.get(monitor)
+        if rec is None or (owner is not None and rec.owner != owner):
+            raise BadInput(f"no monitor {monitor!r} of yours on this device", "unknown_monitor")
+        return rec
+
+    def check_owner(self, monitor: str, owner: str) -> None:
+        """A monitor id another owner holds cannot be taken over."""
+        rec = self.records.get(monitor)
+        if rec is not None and rec.owner != owner:
+            raise BadInput(f"monitor id {monitor!r} is taken by another client; pick another", "monitor_taken")
+
+    # -- requests ---------------------------------------------------------------------------------------------------
+
+    async def create(self, monitor: str, workloads: Sequence[tuple[str, Requirement, Analysis]], speed: Speed,
+                     veto: bool, owner: str = "", shown: Callable[[float], float] = float,
+                     ) -> tuple[bool, dict[str, bool] | None, bool]:
+        """Create (or replace) the owner's monitor priced at `speed`: its first value, its workloads' (a group's),
+        and whether it replaced one. `shown` is the latency as the owner is answered about it
+        (monitors/privacy.py): its ratio to the latency now is kept with each workload, so that the monitor's
+        later answers flip where its owner's view puts the boundary, not where the device's speed does. A storage
+        fault leaves things as they were and says so."""
+        async with self._mutate:
+            self.check_owner(monitor, owner)
+            self.check_room(monitor)
+            stored, latencies = [], []
+            for name, requirement, a in workloads:
+                latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb)
+                view = shown(latency) / latency if 0 < latency < math.inf else 1.0  # held for the monitor's life
+                stored.append(StoredWorkload(name, requirement, device, a.plans, a.base_ms, a.memory_bytes, view))
+                latencies.append(latency)
+            meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
+            rec = StoredMonitor(monitor, stored, self.table.next_seq(), meets, member_meets=list(member_meets),
+                                owner=owner)
+            previous = self.records.get(monitor)
+            previous_learnt = self.learnt.get(monitor)
+            try:
+                await asyncio.to_thread(self.store.save_monitor, rec)
+                self._forget(monitor)
+                self._add(rec)
+                self.learnt[monitor] = [Learnt() for _ in stored]
+                await self._save_seq()
+            except OSError as exc:
+                self._forget(monitor)
+                self._storage(exc, f"monitor {monitor}")
+                try:
+                    if previous is not None:  # a failed replace leaves the old monitor as it was
+                        self._add(previous)
+                        self.learnt[monitor] = previous_learnt or [Learnt() for _ in previous.workloads]
+                        await asyncio.to_thread(self.store.save_monitor, previous)
+                    else:
+                        await asyncio.to_thread(self.store.delete_monitor, monitor)
+                except OSError:
+                    pass  # the disk refuses everything: what is on it is what was there before
+                raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
+            self._storage(None)
+            try:
+                await asyncio.to_thread(self._delete_learnt, monitor)  # a new monitor learns afresh
+            except OSError as exc:
+                log.warning("monitor %s: cannot remove what its predecessor learnt: %s", monitor, exc.strerror or exc)
+            self._release(self._state(rec))
+        return meets, self._answers(rec), previous is not None
+
+    async def delete(self, monitor: str, owner: str = "") -> None:
+        async with self._mutate:
+            rec = self.record(monitor, owner)
+            try:
+                await asyncio.to_thread(self.store.delete_monitor, monitor)
+            except OSError as exc:
+                self._storage(exc, f"monitor {monitor}")
+                raise BadInput(f"cannot delete the monitor from the state dir: {exc.strerror or exc}",
+                               "storage") from None
+            self._forget(monitor)
+            try:
+                await asyncio.to_thread(self._delete_learnt, monitor)
+            except OSError as exc:
+                log.warning("monitor %s: cannot remove what it learnt: %s", monitor, exc.strerror or exc)
+            # The monitor file is gone: it is deleted, whatever the seq file. Its held messages go with it, and
+            # the broker forgets it now.
+            mine = (self.topics.monitor_state(monitor, rec.owner), self.topics.monitor_events(monitor, rec.owner))
+            self._held = [m for m in self._held if m.topic not in mine]
+            await self._commit()
+            self._send(self.topics.cleared_state(monitor, rec.owner))
+
+    async def set_running(self, monitor: str, running: Running, owner: str | None = None) -> None:
+        """The app runs the monitor's workloads here now, or no longer (kept on disk: it survives a restart)."""
+        async with self._mutate:
+            rec = self.record(monitor, owner)
+            before = rec.running
+            rec.running = running if running.running else None
+            try:
+                await asyncio.to_thread(self.store.save_monitor, rec)
+            except OSError as exc:
+                rec.running = before
+                self._storage(exc, f"monitor {monitor}")
+                raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
+
+    def report(self, monitor: str, workload: str | None, latencies_ms: Sequence[float], speeds: Sequence[Speed],
+               now: float, owner: str = "") -> None:
+        """Latencies the app measured running one of the monitor's workloads here, learnt against the agent's
+        estimate at its price class's speed (what it would answer now, before any correction)."""
+        rec = self.record(monitor, owner)
+        speed = speeds[self.table.speed_class(monitor)]
+        names = [w.name for w in rec.workloads]
+        if workload is None and len(names) > 1:
+            raise BadInput(f"monitor {monitor!r} is a group: say which workload, one of {', '.join(names)}",
+                           "bad_workload")
+        if workload is not None and workload not in names:
+            raise BadInput(f"monitor {monitor!r} has no workload {workload!r}", "bad_workload")
+        w = rec.workloads[names.index(workload) if workload is not None else 0]
+        estimate, _ = fastest({w.device: w.base_ms[w.device]}, speed, w.memory_bytes, w.written_mb)
+        try:
+            learnt = reduce(latencies_ms, estimate, estimate / w.base_ms[w.device], now)
+        except ValueError as exc:
+            raise BadInput(str(exc), "bad_report") from None
+        self.learnt[monitor][rec.workloads.index(w)].add(learnt)
+        self._warm_dirty.add(monitor)
+
+    # -- pricing and evaluation ---------------------------------------------------------------------------------------
+
+    def running_pids(self) -> frozenset[int]:
+        """The processes of apps that run their monitors' workloads here now and said which (to be measured)."""
+        return frozenset(r.running.pid for r in self.records.values() if r.running and r.running.pid)
+
+    def speeds(self, present: PresentSpeed) -> list[Speed]:
+        """The speeds the monitors are priced at this tick: [0] the device as everyone sees it; then one for each
+        monitor whose app runs it here now, its own run left out and the memory it holds free to it. Sets each
+        monitor's class in the table."""
+        general = present.speed
+        speeds = [general]
+        state = present.priced
+        cores = None if state is None else state.cpu.cores
+        for rec in self.records.values():
+            if rec.running is None:
+                continue
+            share = measured_share(state, rec.running.pid) if state is not None and rec.running.pid else None
+            if share is None:  # not measured (no pid, or not yet): what its rate and latency say it takes
+                rate = rec.running.rate_hz or sum(w.requirement.sustained_hz for w in rec.workloads)
+                latency = sum(fastest({w.device: w.base_ms[w.device]}, general)[0] for w in rec.workloads)
+                share = expected_share(rate, latency, present.threads, cores)
+            self.table.set_speed_class(rec.monitor, len(speeds))
+            held = {d: sum(w.memory_bytes for w in rec.workloads if w.device == d) for d in ("cpu", "gpu")}
+            speeds.append(present.for_share(share).holding(held["cpu"], held["gpu"]))
+        for rec in self.records.values():
+            if rec.running is None:
+                self.table.set_speed_class(rec.monitor, 0)
+        return speeds
+
+    def _learn(self, speeds: Sequence[Speed], now: float) -> None:
+        """Each taught monitor's corrections at the present speeds (learning fades as the state moves away)."""
+        for monitor, learnt in self.learnt.items():
+            if not any(x.reports for x in learnt):
+                continue
+            rec = self.records[monitor]
+            speed = speeds[self.table.speed_class(monitor)]
+            corrections = []
+            for w, x in zip(rec.workloads, learnt, strict=True):
+                estimate, _ = fastest({w.device: w.base_ms[w.device]}, speed, w.memory_bytes, w.written_mb)
+                corrections.append(x.correction(estimate / w.base_ms[w.device], now))
+            self.table.set_corrections(monitor, corrections)
+
+    def estimates_ms(self, speeds: Sequence[Speed]) -> dict[str, list[float]]:
+        """Each monitor's workloads' present latencies, as its monitor prices them (local only: figures)."""
+        latencies = self.table.latencies(speeds)
+        return {monitor: [round(float(latencies[j]), 3) for j in self.table.member_rows(monitor)]
+                for monitor in self.records}
+
+    async def evaluate(self, now: float, speeds: Sequence[Speed], veto: bool) -> int:
+        """One tick: the monitors whose answer changed are stored, then their events and states sent."""
+        async with self._mutate:
+            self._learn(speeds, time.time())
+            changes = self.table.evaluate(now, speeds, veto)
+            if changes:
+                for c in changes:
+                    rec = self.records[c.monitor]
+                    rec.seq, rec.meets = c.seq, c.meets
+                    rec.member_meets = list(c.members) if c.members is not None else None
+                messages: list[Outgoing] = []
+                for c in changes:
+                    rec = self.records[c.monitor]
+                    messages += [self.topics.event_message(c.monitor, c.meets, c.seq, self._answers(rec), rec.owner),
+                                 self._state(rec)]
+                await self._commit(*messages)
+                log.debug("%d monitor(s) changed", len(changes))
+            elif self.storage_error is not None:
+                await self._commit()  # retry what could not be saved
+            await self._save_learnt(now)
+        return len(changes)
+
+    async def end_gone_runs(self) -> None:
+        """An app that said it runs a monitor's workloads in a process that is gone no longer runs them."""
+        for rec in list(self.records.values()):
+            pid = rec.running.pid if rec.running else None
+            if pid and not os.path.exists(os.path.join(self.procfs_root, str(pid))):
+                log.info("monitor %s: its app's process %d is gone: no longer running here", rec.monitor, pid)
+                try:
+                    await self.set_running(rec.monitor, Running(False))
+                except BadInput as exc:
+                    log.warning("monitor %s: %s", rec.monitor, exc)
+
+    async def rebase(self, price: Callable[[list[dict[str, str]]], Awaitable[list[dict[str, float]]]]) -> None:
+        """Stored plans priced again with the present calibration (it may have been redone)."""
+        items = [(rec.monitor, i) for rec in list(self.records.values()) for i in range(len(rec.workloads))]
+        for start in range(0, len(items), REBASE_CHUNK):
+            chunk = [(m, i) for m, i in items[start:start + REBASE_CHUNK] if m in self.records]
+            try:
+                bases = await price([self.records[m].workloads[i].plans for m, i in chunk])
+            except (BadInput, EngineError) as exc:
+                log.warning("could not re-price stored monitors: %s", exc)
+                return
+            for (monitor, i), base in zip(chunk, bases, strict=True):
+                rec = self.records.get(monitor)
+                if rec is not None and rec.workloads[i].device in base:
+                    rec.workloads[i].base_ms = base
+            for monitor in {m for m, _ in chunk}:
+                rec = self.records.get(monitor)
+                if rec is not None:
+                    self.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads])
+
+    # -- files -------------------------------------------------------------------------------------------------------
+
+    async def _save_seq(self) -> None:
+        """Every monitor's (seq, meets) to disk (OSError when the disk refuses)."""
+        members = {m: r.member_meets for m, r in self.records.items() if r.group and r.member_meets is not None}
+        await asyncio.to_thread(self.store.save_seq, self.table.last_seq, self.table.snapshot(), members)
+
+    async def _commit(self, *messages: Outgoing) -> None:
+        """The seq file saved, then `messages` (and any held before them) sent in order. When the disk refuses,
+        they are held and the save is retried on the next tick: nothing is published that a restart would take
+        back (seq never goes back), and nothing is lost while the agent runs."""
+        self._held.extend(messages)
+        if len(self._held) > MAX_HELD:
+            del self._held[:len(self._held) - MAX_HELD]
+            log.warning("storage failing for long: only the last %d unsaved messages are kept", MAX_HELD)
+        try:
+            await self._save_seq()
+        except OSError as exc:
+            self._storage(exc, "the monitors' seq")
+            return
+        self._storage(None)
+        self._release()
+
+    def _release(self, *messages: Outgoing) -> None:
+        held, self._held = self._held, []
+        self._send(*held, *messages)
+
+    def _storage(self, exc: OSError | None, what: str = "") -> None:
+        """Say when saving starts or stops failing (the agent's status tells it); each failure is logged (the
+        log's rate limit collapses a burst)."""
+        why = None if exc is None else f"cannot save {what}: {exc.strerror or exc}"
+        if why is not None:
+            log.warning("storage: %s (will retry)", why)
+        if (why is None) != (self.storage_error is None):
+            if why is None:
+                log.info("storage: saving works again")
+            self.storage_error = why
+            self.on_storage(why)
+
+    async def _save_learnt(self, now: float, force: bool = False) -> None:
+        if not self._warm_dirty or (not force and now - self._warm_saved_at < WARM_SAVE_S):
+            return
+        dirty, self._warm_dirty = self._warm_dirty, set()
+        docs = {m: {w.name: x.to_json() for w, x in zip(self.records[m].workloads, self.learnt[m], strict=True)}
+                for m in dirty if m in self.records}
+        self._warm_saved_at = now
+        try:
+            await asyncio.to_thread(self._write_learnt, docs)
+        except OSError as exc:
+            log.warning("cannot save what apps taught their monitors (will retry): %s", exc.strerror or exc)
+            self._warm_dirty |= dirty
+
+    def _write_learnt(self, docs: dict[str, dict[str, Any]]) -> None:
+        self._warm_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for monitor, doc in docs.items():
+            atomic_write(self._warm_dir / f"{monitor}.json", json.dumps(doc, separators=(",", ":")).encode())
+
+    def _delete_learnt(self, monitor: str) -> None:
+        (self._warm_dir / f"{monitor}.json").unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        """What apps taught, written now (a clean stop)."""
+        await self._save_learnt(math.inf, force=True)

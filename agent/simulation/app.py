@@ -1,0 +1,169 @@
+"""A real app for the simulated device: one process that runs its monitor's workloads through onnxruntime, each
+at its frame rate, as a video-call app runs its blur and its noise suppression, and says how long each run took.
+
+The process runs on the real CPU with onnxruntime's default session options, as an app's would (intra-op
+threads spinning between runs included), so real busy processes slow it and the agent sees its real CPU use.
+What the real CPU cannot show, the app emulates: the simulated device's capped clock (a thermal or power cap
+in the scenario) and a hidden slowdown that no signal shows (a scenario's `hidden_slowdown`, for learning from
+reports). After each run it spins on until the run has taken `slowdown` times as long: real CPU work, as a
+slower clock would make it. `slowdown` is a number in a file the device rewrites as its conditions change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.simulation.load import cpu_ticks
+from monitors.graphs.graph import InputSpec
+
+# Runs in the app's own process: python -c APP OWNER_PID SPEC_JSON SLOWDOWN_FILE
+APP = r"""
+import json, os, sys, time
+import numpy as np
+import onnxruntime as ort
+owner, spec, slowdown_file = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+sys.stdin.readline()  # "go": the app has told the agent it runs these workloads (with its pid) before it loads them
+sys.path.insert(0, spec["repo"])
+from agent.simulation.materialize import materialize
+from monitors.graphs.importer import load_graph
+from monitors.graphs.graph import InputSpec
+
+work = []
+for w in spec["workloads"]:
+    inputs = {k: InputSpec(tuple(v[0]), v[1]) for k, v in w["inputs"].items()}
+    graph = load_graph(w["model"], inputs=inputs or None)
+    session = ort.InferenceSession(materialize(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for i in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        kind = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+                "tensor(int32)": np.int32}.get(i.type, np.float32)
+        feeds[i.name] = (np.random.default_rng(0).random(shape) * 0.1).astype(kind)
+    for _ in range(3):
+        session.run(None, feeds)  # warm-up, untimed
+    work.append([w["name"], 1.0 / w["rate_hz"], session, feeds])
+print("ready", flush=True)
+
+slowdown, read_at = 1.0, 0.0
+start = time.perf_counter()
+due = [start] * len(work)
+while True:
+    now = time.perf_counter()
+    if now - read_at > 0.25:
+        read_at = now
+        try:
+            slowdown = max(1.0, float(open(slowdown_file).read()))
+        except (OSError, ValueError):
+            pass
+        try:
+            os.kill(owner, 0)
+        except OSError:
+            break
+    i = min(range(len(work)), key=lambda k: due[k])
+    wait = due[i] - time.perf_counter()
+    if wait > 0:
+        time.sleep(wait)
+    name, period, session, feeds = work[i]
+    t0 = time.perf_counter()
+    session.run(None, feeds)
+    target = t0 + (time.perf_counter() - t0) * slowdown
+    while time.perf_counter() < target:
+        pass
+    took = time.perf_counter() - t0
+    print(f"{name} {1000.0 * took:.4f}", flush=True)
+    due[i] = max(due[i] + period, time.perf_counter() - period)  # fall behind: skip, never burst to catch up
+"""
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: Path
+    inputs: dict[str, InputSpec]
+    rate_hz: float
+
+
+class AppProcess:
+    """The app's process, and what it measured: each workload's run latencies (ms) since the last `take`.
+
+    The process starts idle; `go()` has it load its models and start its frames. In between the app can tell
+    the agent that it runs them, with its pid, before it does any of that work, as a well-behaved app would."""
+
+    def __init__(self, workloads: list[Workload], slowdown_file: Path) -> None:
+        spec = {"repo": str(REPO), "workloads": [
+            {"name": w.name, "model": str(w.model), "rate_hz": w.rate_hz,
+             "inputs": {k: [list(v.shape), v.dtype or "float32"] for k, v in w.inputs.items()}} for w in workloads]}
+        self.proc = subprocess.Popen([sys.executable, "-c", APP, str(os.getpid()), json.dumps(spec),
+                                      str(slowdown_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=REPO)
+        self.pid = self.proc.pid
+        self._lock = threading.Lock()
+        self._runs: dict[str, list[float]] = {w.name: [] for w in workloads}
+        self._seen_ticks = 0
+
+    def go(self) -> None:
+        """Load the models and start the frames; returns once the models are loaded (blocking: a thread)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        first = self.proc.stdout.readline()
+        if first.strip() != "ready":
+            self.stop()
+            raise RuntimeError(f"the app did not start: {first!r}")
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            name, _, ms = line.partition(" ")
+            try:
+                value = float(ms)
+            except ValueError:
+                continue
+            with self._lock:
+                if name in self._runs:
+                    self._runs[name].append(value)
+
+    def take(self) -> dict[str, list[float]]:
+        """Each workload's run latencies (ms) since the last call."""
+        with self._lock:
+            out = {k: v for k, v in self._runs.items()}
+            self._runs = {k: [] for k in self._runs}
+        return out
+
+    def take_ticks(self) -> int:
+        """CPU ticks the app used since the last call (for the simulated /proc/stat)."""
+        ticks = cpu_ticks(self.pid)
+        delta, self._seen_ticks = max(0, ticks - self._seen_ticks), max(ticks, self._seen_ticks)
+        return delta
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def oracle(runs: dict[str, list[float]], targets: dict[str, tuple[float, float]], seconds: float) -> bool | None:
+    """Whether the app met its requirement over `seconds`, by its own measurements: for each workload (name ->
+    (deadline ms, rate Hz)), the median run within the deadline and, for a rate, at least 90 % of the runs
+    a second it must sustain. None when a workload has no run to judge by."""
+    verdict = True
+    for name, (deadline, rate) in targets.items():
+        values = sorted(runs.get(name, []))
+        if not values:
+            return None
+        median = values[len(values) // 2]
+        verdict &= median < deadline and (rate <= 0 or len(values) >= 0.9 * rate * seconds)
+    return verdict

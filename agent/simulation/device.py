@@ -1,0 +1,229 @@
+"""The simulated device: fixture /sys and /proc trees of a device profile, its GPU and its warm refresh."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.simulation.app import AppProcess
+from agent.simulation.load import Load
+from agent.simulation.nvml import NVML_ERROR_GPU_IS_LOST, NVML_FUNCTIONS, NvmlStandin, StandinGpu
+from agent.simulation.scenario import BATTERY_KEYS, CPUFREQ_KEYS, Scenario
+from agent.simulation.trees import BUILDERS, write_atomic
+from monitors.speed.prediction import contention_factor
+from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, WarmRefresh
+from probes.state import Sampler
+
+HZ = os.sysconf("SC_CLK_TCK")
+MiB = 1 << 20
+
+
+# Where a profile's conditions live in its tree (trees.py): the zone a scenario's temperature drives and its
+# passive trip, or the hwmon sensor a desktop has instead of zones.
+PACKAGE_ZONE = {"laptop": "class/thermal/thermal_zone1", "server": "class/thermal/thermal_zone0"}
+DESKTOP_PACKAGE_SENSOR = "class/hwmon/hwmon2/temp1_input"
+PROCESSOR_COOLING = "class/thermal/cooling_device0"
+SYSTEM_BATTERIES = {"BAT0": 50_000_000, "CMB1": 30_000_000}  # the laptop's, with their energy_full (uWh)
+ADAPTER = "class/power_supply/ADP1"
+EPP = {"laptop": "balance_performance", "desktop": "performance", "server": None}
+GPU_TOTAL_MB = 24576
+
+
+class SimulatedDevice:
+    """One device profile's fixture /sys and /proc trees (trees.py, the tests' own), changed along a scenario's
+    timeline, with its real load, its apps and, where it has one, a GPU through the NVML stand-in."""
+
+    def __init__(self, root: Path, scenario: Scenario) -> None:
+        self.profile = scenario.device
+        self.cores = os.cpu_count() or 1  # the real CPUs: the load and the benchmarks run on them
+        self.tree = BUILDERS[self.profile](root, cores=self.cores)
+        self.sys, self.proc = self.tree.sys, self.tree.proc
+        self.cpu_max_mhz = scenario.cpu_max_mhz
+        self.nvml = NvmlStandin([StandinGpu(name="Simulated GPU", total=GPU_TOTAL_MB * MiB)]) if scenario.gpu else None
+        self.load = Load()
+        self.apps: list[AppProcess] = []  # real app processes, started and stopped by the runner
+        self.app_cores = 0.0  # the cores they used over the last /proc update
+        self._app_runnable = 0.0  # dithering: their runnable share, as whole tasks in procs_running
+        self.slowdown_file = root / "app-slowdown"  # what the apps emulate: the capped clock, a hidden slowdown
+        self.hidden_slowdown = 1.0
+        self.conditions: dict[str, Any] = {"busy": 0, "memory_mb": 0, "steal": 0.0}
+        self._ticks = {"busy": 0, "idle": 0, "steal": 0}
+        self._stat_at = time.monotonic()
+        self._mem_total, self._mem_available = _real_meminfo()
+        self._build()
+
+    def _build(self) -> None:
+        """The profile at rest: clocks at the scenario's maximum, no cap, a balanced profile, cool, plugged."""
+        if self.profile != "vm":
+            khz = int(self.cpu_max_mhz * 1000)
+            self.tree.cpufreq(khz, khz, governor="powersave" if self.profile == "laptop" else "performance",
+                              epp=EPP[self.profile])
+            self.tree.set("firmware/acpi/platform_profile_choices", "low-power balanced performance")
+        at_rest: dict[str, Any] = {"busy": 0, "memory_mb": 0, "steal": 0.0}
+        if self.profile != "vm":
+            at_rest |= {"temp_c": 50, "cpu_mhz": self.cpu_max_mhz, "cpu_limit_mhz": self.cpu_max_mhz,
+                        "power_profile": "balanced"}
+        if self.profile in PACKAGE_ZONE:
+            at_rest |= {"passive_c": 95, "cooling": 0}
+        if self.profile == "laptop":
+            at_rest |= {"battery_percent": 80, "plugged": True}
+        if self.nvml is not None:
+            at_rest |= {"gpu_util": 0, "gpu_memory_used_mb": 1024, "gpu_fail": False}
+        self.apply(at_rest)
+        self.update_proc()
+
+    def apply(self, conditions: dict[str, Any]) -> None:
+        """Set conditions (validated by parse_scenario); real load starts or stops here."""
+        self.conditions.update(conditions)
+        c, t = self.conditions, self.tree
+        if "temp_c" in conditions:
+            millidegrees = str(int(round(c["temp_c"] * 1000)))
+            t.set(f"{PACKAGE_ZONE[self.profile]}/temp" if self.profile in PACKAGE_ZONE else DESKTOP_PACKAGE_SENSOR,
+                  millidegrees)
+        if "passive_c" in conditions:
+            t.set(f"{PACKAGE_ZONE[self.profile]}/trip_point_0_temp", str(int(round(c["passive_c"] * 1000))))
+        if "cooling" in conditions:
+            t.set(f"{PROCESSOR_COOLING}/cur_state", str(c["cooling"]))
+        if CPUFREQ_KEYS & set(conditions):
+            for i in range(self.cores):
+                t.set(f"devices/system/cpu/cpufreq/policy{i}/scaling_cur_freq", str(int(c["cpu_mhz"] * 1000)))
+                t.set(f"devices/system/cpu/cpufreq/policy{i}/scaling_max_freq", str(int(c["cpu_limit_mhz"] * 1000)))
+        if "power_profile" in conditions:
+            t.set("firmware/acpi/platform_profile", c["power_profile"])
+        if BATTERY_KEYS & set(conditions):
+            pct = float(c["battery_percent"])
+            status = "Full" if c["plugged"] and pct >= 99.5 else "Charging" if c["plugged"] else "Discharging"
+            for name, full in SYSTEM_BATTERIES.items():
+                t.supply(name, capacity=int(round(pct)), energy_now=int(full * pct / 100), status=status)
+            t.set(f"{ADAPTER}/online", "1" if c["plugged"] else "0")
+        if self.nvml is not None:
+            gpu = self.nvml.gpus[0]
+            gpu.util = int(c.get("gpu_util", gpu.util))
+            gpu.memory_util, gpu.temp = min(100, gpu.util), 40 + gpu.util // 3
+            gpu.power_mw, gpu.reasons = 50_000 + 2_500 * gpu.util, 0 if gpu.util else 0x01  # 0x01: idle
+            gpu.used = min(gpu.total, int(c.get("gpu_memory_used_mb", gpu.used // MiB)) * MiB)
+            self.nvml.fail = dict.fromkeys(NVML_FUNCTIONS, NVML_ERROR_GPU_IS_LOST) if c.get("gpu_fail") else {}
+        if "busy" in conditions:
+            self.load.set_busy(int(c["busy"]))
+        if "memory_mb" in conditions and int(c["memory_mb"]) != self.load.held_mb:
+            self.load.set_memory(int(c["memory_mb"]))
+            self.update_proc()
+        self.update_slowdown()
+
+    def start_app(self, app: AppProcess) -> None:
+        """A real app on this device: its CPU is the device's load, and its process can be read under /proc."""
+        self.apps.append(app)
+        (self.proc / str(app.pid)).symlink_to(f"/proc/{app.pid}")
+
+    def stop_app(self, app: AppProcess) -> None:
+        app.stop()
+        self.apps.remove(app)
+        (self.proc / str(app.pid)).unlink(missing_ok=True)
+
+    def update_slowdown(self) -> None:
+        """What the apps' runs must take beyond the real CPU's: the capped clock, and any hidden slowdown."""
+        write_atomic(self.slowdown_file, f"{self.hidden_slowdown / self.clock_ratio:.4f}".encode())
+
+    def update_proc(self) -> None:
+        """/proc/stat, /proc/meminfo and PSI from the real load, the apps and the simulated steal time."""
+        now = time.monotonic()
+        elapsed = now - self._stat_at
+        capacity = max(0, int(round(self.cores * elapsed * HZ)))
+        self._stat_at = now
+        # The hypervisor takes its share first; the guest's processes get at most the rest.
+        steal = int(round(capacity * float(self.conditions.get("steal", 0.0))))
+        app_ticks = sum(app.take_ticks() for app in self.apps)
+        self.app_cores = app_ticks / HZ / elapsed if elapsed > 0 else 0.0
+        busy = min(capacity - steal, self.load.take_ticks() + app_ticks)
+        t = self._ticks
+        t["busy"] += busy
+        t["steal"] += steal
+        t["idle"] += capacity - busy - steal
+        per = lambda total, i: total // self.cores + (1 if i < total % self.cores else 0)  # noqa: E731
+        lines = [f"cpu  {t['busy']} 0 0 {t['idle']} 0 0 0 {t['steal']} 0 0"]
+        lines += [f"cpu{i} {per(t['busy'], i)} 0 0 {per(t['idle'], i)} 0 0 0 {per(t['steal'], i)} 0 0"
+                  for i in range(self.cores)]
+        self._app_runnable += self.app_cores
+        apps_now = int(self._app_runnable)  # whole tasks now, the fractions carried: their mean is the apps' cores
+        self._app_runnable -= apps_now
+        running = 1 + self.load.running + apps_now
+        lines += ["intr 0", "ctxt 0", "btime 1700000000", "processes 1",
+                  f"procs_running {running}", "procs_blocked 0"]
+        self.tree.set_proc("stat", "\n".join(lines))
+        self.tree.set_proc("loadavg", f"0.00 0.00 0.00 {running}/100 4242")
+        available = max(0, self._mem_available - self.load.held_mb * 1024)
+        self.tree.set_proc("meminfo", f"MemTotal:       {self._mem_total} kB\nMemFree:        {available} kB\n"
+                                      f"MemAvailable:   {available} kB\n")
+        memory_some = 0.0 if available > 0.1 * self._mem_total else 25.0
+        self.tree.set_proc("pressure/memory", f"some avg10={memory_some:.2f} avg60=0.00 avg300=0.00 total=0\n"
+                                              "full avg10=0.00 avg60=0.00 avg300=0.00 total=0")
+
+    @property
+    def clock_ratio(self) -> float:
+        """Simulated clock over the maximum (1.0 on a vm): what a CPU-bound probe's CPU time scales by."""
+        c = self.conditions
+        if "cpu_mhz" not in c:
+            return 1.0
+        return max(0.05, min(1.0, min(c["cpu_mhz"], c["cpu_limit_mhz"]) / self.cpu_max_mhz))
+
+    def sampler(self) -> Any:
+        return Sampler(self.sys, self.proc, nvml=self.nvml, gpus=self.nvml is not None, ppd=False)
+
+    def close(self) -> None:
+        for app in list(self.apps):
+            self.stop_app(app)
+        self.load.stop()
+
+
+def _real_meminfo() -> tuple[int, int]:
+    """MemTotal and MemAvailable of the host, kB (the simulated device has the host's memory)."""
+    found = {"MemTotal": 8 << 20, "MemAvailable": 6 << 20}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in found:
+                found[key] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return found["MemTotal"], found["MemAvailable"]
+
+
+def simulated_probe() -> WarmRefresh:
+    """The simulated device's refresh probe (smaller than the agent's: see SimulatedRefresh)."""
+    return WarmRefresh(cpu_budget_s=0.03, max_wall_s=0.25)
+
+
+class SimulatedRefresh:
+    """The warm refresh of the simulated device.
+
+    The real probe runs on the real CPU, so that a refresh costs real CPU
+    time and the refresh policy's budget holds as on a device. What it
+    reports is the simulated device's reading: each probe's reference time per
+    run (the host at rest), times the simulated clock's slowdown (maximum /
+    limit) and the contention of the scenario's busy processes
+    (monitors.speed.prediction.contention_factor). The host's other tenants are left
+    out, as they are left out of the simulated /proc/stat, so that the run
+    does not depend on what else shares the host.
+
+    Smaller than the agent's default (a CPU budget of 30 ms instead of 150 ms)
+    so that the refresh policy's 1 %-of-a-core budget lets it run every few
+    seconds and follow a timeline compressed into tens of seconds.
+    """
+
+    def __init__(self, device: SimulatedDevice, reference: dict[str, float], bench: WarmRefresh | None = None) -> None:
+        self.device = device
+        self.reference = reference
+        self.bench = bench or simulated_probe()
+
+    def measure(self) -> dict[str, float]:
+        out = self.bench.measure()
+        others = self.device.load.running + self.device.app_cores  # busy processes and the apps' runs
+        contention = contention_factor(self.bench.threads, others, self.device.cores)
+        for key in (LOCKSTEP_KEY, HANDOFF_KEY):  # both probes alike: the simulated device hands data as calibrated
+            if key in self.reference:
+                out[key] = self.reference[key] * contention / self.device.clock_ratio
+        return out
+
+

@@ -1,0 +1,242 @@
+"""Price a kernel plan from a calibration: piecewise-linear interpolation in log space.
+
+Each family's calibration is a grid over its parameters (log-spaced). What is
+interpolated is log(efficiency) = log(work / time), multilinearly over the
+log parameters; that is the same as interpolating log(time), since log(work)
+is linear in the log parameters, but it extrapolates sensibly: beyond the
+grid, efficiency holds at the edge, so time grows in proportion to work
+(FLOPs or bytes moved) instead of following the last slope off a cliff.
+Grid points too costly to measure take the efficiency measured at the largest
+point they dominate (efficiency rises with size, then saturates), or that of
+the nearest measured point when they dominate none. No point is credited
+with more than 1.25x the best efficiency of the points that ran long enough
+to be timed well: a tiny kernel's reading is mostly fixed costs and noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitors.pricing.kernels import Kernel, Plan
+from probes.calibration import COMPUTE_FAMILIES, NBITS_FAMILIES, Calibration, FamilyTable, work_of
+
+# A memory-bound kernel is priced from its own op's table when calibration measured that op, else from
+# its family's representative op.
+REPRESENTATIVE = {"eltwise": "Add", "transcend": "Erf", "movement": "Transpose", "reduce": "ReduceMean",
+                  "softmax": "Softmax", "norm": "LayerNormalization", "pool": "MaxPool", "view": "Reshape"}
+ALIASES = {"Upsample": "Resize", "Sub": "Add", "Div": "Mul", "SkipLayerNormalization": "LayerNormalization",
+           "RMSNormalization": "SimplifiedLayerNormalization"}
+
+
+@dataclass
+class _Interpolator:
+    axes: list[np.ndarray]  # log coordinates, ascending
+    values: np.ndarray  # log efficiency at every grid point
+
+    def __call__(self, params: tuple[float, ...]) -> float:
+        idx: list[tuple[int, int, float]] = []
+        # not strict: params beyond the grid's axes (a quantized matmul's bits) do not index it
+        for axis, p in zip(self.axes, params, strict=False):
+            x = math.log(max(p, 1e-12))
+            if len(axis) == 1 or x <= axis[0]:
+                idx.append((0, 0, 0.0))
+            elif x >= axis[-1]:
+                n = len(axis) - 1
+                idx.append((n, n, 0.0))
+            else:
+                i = int(np.searchsorted(axis, x)) - 1
+                t = (x - axis[i]) / (axis[i + 1] - axis[i])
+                idx.append((i, i + 1, t))
+        total = 0.0
+        for corner in range(1 << len(idx)):
+            weight = 1.0
+            at = []
+            for d, (lo, hi, t) in enumerate(idx):
+                if corner >> d & 1:
+                    weight *= t
+                    at.append(hi)
+                else:
+                    weight *= 1.0 - t
+                    at.append(lo)
+            if weight:
+                total += weight * self.values[tuple(at)]
+        return total
+
+
+def build_interpolator(family: str, table: FamilyTable) -> _Interpolator:
+    axes = [np.log(np.asarray(a, dtype=np.float64)) for a in table.axes]
+    shape = tuple(len(a) for a in axes)
+    if not table.points:
+        raise ValueError(f"calibration of {family!r} has no measured points")
+    points = _monotone(table.points)
+    well_timed = [work_of(family, p) / s for p, s in points if s >= WELL_TIMED_S]
+    ceiling = math.log(1.25 * max(well_timed)) if well_timed else math.inf
+    # not strict: a point's params beyond the grid's axes (a quantized matmul's bits) do not index it
+    logs = {tuple(np.searchsorted(a, math.log(v)) for a, v in zip(axes, p, strict=False)):
+            min(math.log(work_of(family, p) / s), ceiling) for p, s in points}
+    measured = np.array(list(logs.keys()))
+    measured_eff = np.array(list(logs.values()))
+    measured_work = np.array([sum(axes[d][i] for d, i in enumerate(k)) for k in logs])
+    values = np.empty(shape)
+    for at in np.ndindex(*shape):
+        if at in logs:
+            values[at] = logs[at]
+            continue
+        dominated = np.all(measured <= np.array(at), axis=1)
+        if dominated.any():  # the largest dominated point; among equals, the most efficient
+            work = np.where(dominated, np.round(measured_work, 9), -np.inf)
+            best = int(np.argmax(np.where(work == work.max(), measured_eff, -np.inf)))
+        else:
+            best = int(np.argmin(np.abs(measured - np.array(at)).sum(axis=1)))
+        values[at] = measured_eff[best]
+    return _Interpolator(axes, values)
+
+
+def _monotone(points: tuple[tuple[tuple[float, ...], float], ...]) -> list[tuple[tuple[float, ...], float]]:
+    """Cap each point's time by that of any point doing more in every dimension.
+
+    A kernel given more work is never faster; a measurement that says so was
+    disturbed (preempted, a cold page), and the larger point bounds it.
+    """
+    pts = [(p, s) for p, s in points if s > 0]
+    coords = np.array([p for p, _ in pts])
+    times = np.array([s for _, s in pts])
+    out = []
+    for i, (p, s) in enumerate(pts):
+        dominating = np.all(coords >= coords[i], axis=1)
+        out.append((p, float(min(s, times[dominating].min()))))
+    return out
+
+
+WELL_TIMED_S = 20e-6  # kernels at least this long are timed well enough to bound the others
+
+
+class CostModel:
+    """Latency of a plan on the calibrated, quiet device."""
+
+    def __init__(self, calibration: Calibration) -> None:
+        self.calibration = calibration
+        self._interp = {f: build_interpolator(f, t) for f, t in calibration.tables.items()}
+        self._cache: dict[tuple[str, str, tuple[float, ...]], tuple[float, float]] = {}  # (log efficiency, floor s)
+        self.cache_bytes = calibration.cache_bytes or int(calibration.fingerprint.get("llc_bytes", "0") or 0)
+        self.stream_bytes_per_s = calibration.stream_bytes_per_s  # 0 where unmeasured (GPU): no cold pricing
+        beyond = [(size, rate) for size, rate in calibration.read_rates if size >= self.cache_bytes]
+        # log sizes and log rates from the cache on (weight_read_rate); None: memory's rate throughout
+        self._read_curve = np.log(beyond).T if len(beyond) >= 2 else None
+        # the rate at which weights already in the cache are read (the fastest working set measured)
+        self._cache_rate = max((r for _, r in calibration.read_rates), default=0.0)
+        # what each block-quantized kernel of a decode step pays to start streaming (QuantizedReads)
+        self._stream_start = {f: r[2] for f, r in calibration.quantized_read_rates.items()}
+
+    def table(self, k: Kernel) -> str:
+        """The calibration table that prices `k`."""
+        if k.family in COMPUTE_FAMILIES:
+            return k.family
+        op = ALIASES.get(k.op, k.op)
+        return op if op in self._interp else REPRESENTATIVE.get(k.family, "Transpose")
+
+    def kernel_seconds(self, k: Kernel) -> float:
+        """The kernel's own time, without dispatch overhead."""
+        if k.work <= 0:
+            return 0.0
+        key = (k.family, k.op, k.params)
+        hit = self._cache.get(key)
+        if hit is None:
+            table = self.table(k)
+            interp = self._interp[table]
+            # Below the grid a kernel is no faster than the smallest measured one: its fixed costs
+            # (threads, dispatch inside the op) do not shrink with the work. (Parameters beyond the grid's
+            # axes, such as a quantized matmul's bits, only set the bytes its weights take.)
+            coords = k.params[:len(interp.axes)]
+            # not strict: coords is the params cut to the grid's axes, and may be the shorter
+            floor = tuple(max(p, float(np.exp(a[0]))) for p, a in zip(coords, interp.axes, strict=False))
+            floor_work = work_of(table, floor) if floor != coords else 0.0
+            hit = (interp(coords), floor_work / math.exp(interp(floor)) if floor_work else 0.0)
+            self._cache[key] = hit
+        log_eff, floor_s = hit
+        own = k.repeat * max(k.work / math.exp(log_eff), floor_s)
+        return own + self.kernel_seconds(k.epilogue) if k.epilogue else own
+
+    def weight_read_rate(self, footprint: float) -> float:
+        """Bytes per second at which a model whose inference touches `footprint` bytes reads its weights
+        again at the next inference; 0 while they stay cached.
+
+        Beyond the cache, a cyclic read still hits it in part, less the further beyond: the rate is the
+        one measured over working sets of that size (log-log between them), down to memory's.
+        """
+        if not (self.cache_bytes > 0 and footprint > self.cache_bytes and self.stream_bytes_per_s > 0):
+            return 0.0
+        if self._read_curve is None:
+            return self.stream_bytes_per_s
+        sizes, rates = self._read_curve
+        return float(np.exp(np.interp(math.log(footprint), sizes, rates)))
+
+    def read_share(self, family: str) -> float:
+        """How fast a family's kernels read their weights beyond the cache, relative to a float product over
+        the same working set: block-quantized weights are unpacked as they are read (measured, 1 where not)."""
+        measured = self.calibration.quantized_read_rates.get(family)
+        if measured is None or self._read_curve is None:
+            return 1.0
+        size, rate, _ = measured
+        sizes, rates = self._read_curve
+        float_rate = float(np.exp(np.interp(math.log(size), sizes, rates)))
+        return min(1.5, max(0.1, rate / float_rate))
+
+    def seconds(self, plan: Plan) -> float:
+        cal = self.calibration
+        # Weights stay cached from one inference to the next only if they and the activations that
+        # stream past them (the live ones, written and read again) fit in the last-level cache.
+        rate = self.weight_read_rate(plan.weight_bytes + 2 * plan.peak_activation_bytes)
+        total = cal.per_run_s + cal.per_kernel_s * len(plan.kernels)
+        for k in plan.kernels:
+            t = self.kernel_seconds(k)
+            if rate and k.family == "gqa":
+                # The cache comes from memory on top of the attention's own work, which calibration measured
+                # on a cache it had just written (its copies of the cache are themselves memory work).
+                t += k.repeat * weight_bytes(k) / rate
+            elif rate:  # each kernel reads its weights again, no faster than that
+                start = self._stream_start.get(k.family, 0.0)
+                stream = k.repeat * (start + weight_bytes(k) / (rate * self.read_share(k.family)))
+                t = max(t, stream) + self._unhidden(t, k) * min(t, stream)
+            total += t
+        return total
+
+    def _unhidden(self, t: float, k: Kernel) -> float:
+        """The share of a kernel's weight reads from memory that its computing does not hide.
+
+        A float vector-matrix product only streams its weights: it runs at the slower of its compute and its
+        reads, nothing to hide. A kernel that reuses each weight over many rows, or unpacks quantized weights
+        as it reads them, computes out of the cache most of its time, and its loads from memory then stall it
+        rather than overlap: that share is the part of its in-cache time not spent reading its weights at the
+        cache's rate (a measured decode step of int4 weights, and a short prompt of float ones, run so)."""
+        if not self._cache_rate or t <= 0 or (k.family == "gemm" and k.params[0] <= 1):
+            return 0.0  # the slower of the two, as for a float vector-matrix product
+        return max(0.0, 1.0 - weight_bytes(k) * k.repeat / self._cache_rate / t)
+
+
+# An attention's keys and values of the whole context cross the memory bus three times a step: the past read,
+# and the present written (a new tensor, so its lines are read before they are written); the attention's own
+# read of the present mostly finds it in the cache it was just written to.
+KV_PASSES = 3.0
+
+
+def weight_bytes(k: Kernel) -> float:
+    """The bytes a compute kernel reads that stay the same from one inference to the next, or grow by one
+    token's worth: float32 weights, packed quantized weights and their scales, the KV cache an attention
+    reads (0 where its operands are all fresh activations)."""
+    p = k.params
+    if k.family in ("gemm", "conv", "conv1x1"):
+        return 4.0 * p[1] * p[2]
+    if k.family == "dwconv":
+        return 4.0 * p[0] * p[2]
+    if k.family in NBITS_FAMILIES:  # (M, K, N, bits, block, scale bytes)
+        return p[1] * p[2] * p[3] / 8.0 + math.ceil(p[1] / p[4]) * p[2] * p[5]
+    if k.family == "qgemm":
+        return p[1] * p[2]
+    if k.family == "gqa":  # (B x heads, S, past + 1, head, B x KV heads)
+        return KV_PASSES * 2.0 * 4.0 * p[4] * (p[2] - 1.0 + p[1]) * p[3]
+    return 0.0
+

@@ -1,0 +1,1 @@
+"""The present speed: how much slower than calibrated this device runs a model now."""
