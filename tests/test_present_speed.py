@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from agent.simulation.trees import laptop
-from monitors.speed.present import AT_REST, PresentSpeed, blend, speed_from_state
+from monitors.speed.present import AT_REST, PresentSpeed, Share, blend, speed_from_state
 from monitors.speed.refresh_policy import RefreshPolicy
 from probes.state import Sampler
 
@@ -103,12 +103,32 @@ def test_laptop_fixture_tree_present_speed_pairs_a_reading_with_the_next_state(s
     assert present.measurement is None  # not before the state of its interval
     speed = present.observe(loaded, 1.0)
     m = present.measurement
-    assert m is not None and m.slowdown == 2.0 and m.handoff_ms_per_mb == 0.05
+    assert m is not None and m.slowdown == 2.0
     expected = speed_from_state(loaded, 4)  # the prediction the reading was paired with
     assert m.predicted == pytest.approx(expected.predicted_cpu, rel=1e-3) and m.predicted > 1.0
     assert present.measurement_current
     assert speed.cpu == pytest.approx(blend(m.predicted, 2.0, m.contention), rel=1e-3)
+    assert m.handoff_ms_per_mb is None and speed.handoff_ms_per_mb == 0.0  # read beside a busy core: not the host's
+
+
+def test_laptop_fixture_tree_present_speed_takes_the_handoff_extra_only_from_a_refresh_without_contention(states):
+    """A handoff reading beside others' threads (an app's own frames among them) is the scheduler's: the one read
+    without contention stays, for everyone and for an app whose own run is left out."""
+    quiet, loaded = states[0], states[2]
+    present = PresentSpeed(threads=4, policy=RefreshPolicy(period_s=1))
+    present.observe(quiet, 0.0)
+    assert present.start_refresh(0.0)
+    present.refreshed(1.0, 0.05, started_at=0.0, cpu_s=0.01)
+    assert present.observe(quiet, 1.0).handoff_ms_per_mb == pytest.approx(0.05)
+    assert present.start_refresh(5.0)
+    present.refreshed(2.5, 0.3, started_at=5.0, cpu_s=0.01)
+    speed = present.observe(loaded, 6.0)
+    assert present.measurement is not None and present.measurement.slowdown == 2.5  # the slowdown is taken
     assert speed.handoff_ms_per_mb == pytest.approx(0.05)
+    assert present.for_share(Share(cores=1.0, runnable=1.0)).handoff_ms_per_mb == pytest.approx(0.05)
+    assert present.start_refresh(10.0)
+    present.refreshed(1.0, 0.01, started_at=10.0, cpu_s=0.01)
+    assert present.observe(quiet, 11.0).handoff_ms_per_mb == pytest.approx(0.01)  # a quiet reading replaces it
 
 
 def test_laptop_fixture_tree_present_speed_holds_through_the_agent_s_own_work(states):

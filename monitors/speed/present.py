@@ -21,7 +21,8 @@ How a speed is made (docs/device-state.md):
 
 Apart from that multiplier, the handoff extra: what a host whose vCPUs sit apart some of the time
 charges per MB of activations the intra-op threads hand each other. It grows with a model's bytes, not
-its time, so a latency adds it; no signal predicts it, so it is the latest measurement's.
+its time, so a latency adds it; no signal predicts it, so it is the latest measurement's taken without
+contention (a reading beside others' threads is the scheduler's, not the host's).
 
 The agent's own work is never load from others: the CPU probe leaves out the agent's process tree, and
 a state sampled while the agent's own heavy work ran (a calibration) is marked: `PresentSpeed` keeps the
@@ -57,6 +58,10 @@ MIN_FACTOR = 0.8
 # measured 0.06-0.2 ms/MB; a reading 10x that is a probe that lost the CPU, which the multiplier covers).
 NOTABLE_HANDOFF_MS_PER_MB = 0.02
 MAX_HANDOFF_MS_PER_MB = 2.0
+# The handoff reading is the host's only where others' threads leave the cores to the probe: beside them the
+# two probes' runs fare differently by where the scheduler puts their wake-ups (0.1-0.3 ms/MB beside busy
+# processes, an app's own frames included), which the multiplier already prices.
+HANDOFF_QUIET_CONTENTION = 1.2
 FAILED_REFRESH_CPU_S = 0.05  # what a failed or discarded refresh is charged against the policy's budget
 
 
@@ -343,4 +348,7 @@ class PresentSpeed:
         assert self.policy is not None
         self.policy.refreshed(state, at, cpu_s)
         self._refreshing = False
-        self.measurement = Measurement.taken_in(state, self.threads, slowdown, handoff)
+        m = Measurement.taken_in(state, self.threads, slowdown, handoff)
+        if m.contention > HANDOFF_QUIET_CONTENTION:
+            m = replace(m, handoff_ms_per_mb=None if self.measurement is None else self.measurement.handoff_ms_per_mb)
+        self.measurement = m
