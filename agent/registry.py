@@ -36,6 +36,10 @@ from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest,
 from monitors.table import MonitorRules, MonitorTable, initial_answer
 from monitors.warm import Learnt, reduce
 
+async def _nothing(pids: frozenset[int]) -> None:
+    """No one to tell."""
+
+
 log = logging.getLogger("daop-agent")
 
 REBASE_CHUNK = 500  # stored plans priced again per call to the workers
@@ -64,6 +68,7 @@ class MonitorRegistry:
         self._held: list[Outgoing] = []
         self.storage_error: str | None = None  # why the last save failed; None while saving works
         self.on_storage: Callable[[str | None], None] = lambda why: None  # told when that changes
+        self.on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing  # told the running pids on a change
 
     def __len__(self) -> int:
         return len(self.records)
@@ -243,6 +248,7 @@ class MonitorRegistry:
                 rec.running = before
                 self._storage(exc, f"monitor {monitor}")
                 raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
+        await self.on_running(self.running_pids())
 
     def report(self, monitor: str, workload: str | None, latencies_ms: Sequence[float], speeds: Sequence[Speed],
                now: float, owner: str = "") -> None:

@@ -80,6 +80,7 @@ class Agent:
         if self.metrics is not None:
             self.requests.observe = self.metrics.answered
         self.registry.on_storage = self._storage_changed
+        self.registry.on_running = self._track
         self._sampler = sampler
         self._measure = measure or refresh.measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device
@@ -121,6 +122,12 @@ class Agent:
         self.link.set_online(online(why is None))
         self.notifier.status(f"storage failing: {why}; {len(self.registry)} monitor(s)" if why else
                              f"storage works again; {len(self.registry)} monitor(s)")
+
+    async def _track(self, pids: frozenset[int]) -> None:
+        """An app that says it runs a monitored workload is read at once (Sampler.track), not at the next sample:
+        its start-up is then measured as its own."""
+        if self._sampler is not None:
+            await asyncio.to_thread(self._sampler.track, pids)
 
     def _on_request(self, method: str, message: aiomqtt.Message) -> None:
         self.requests.receive(method, message)

@@ -161,13 +161,18 @@ class CpuProbe:
         self._prev: tuple[CpuTimes, float] | None = None  # times, wall
         self._snapshots_lock = threading.Lock()  # tick() runs on the event loop, sample() in a thread
         self._snapshots = (0, 0)  # sum and count of the run-queue snapshots since the last sample
-        self._tracked: frozenset[int] = frozenset()  # set from the event loop, read once per sample
+        self._trees_lock = threading.Lock()  # track() and sample() each run in a thread of their own
+        self._tracked: frozenset[int] = frozenset()
         self._trees: dict[int, TreeCpu] = {}
 
     def track(self, pids: frozenset[int]) -> None:
         """Measure these processes' trees too (apps that said they run a monitored workload): CpuState.tracked.
-        A pid's first sample has no reading (a delta needs two)."""
-        self._tracked = pids
+        A pid new to the set is read at once, so that the next sample measures it from now: an app says so before
+        it starts its run (docs/mqtt.md), and its start is then its own, not others' load."""
+        with self._trees_lock:
+            self._tracked = pids
+            for pid in pids - set(self._trees):
+                self._tree_use(pid)
 
     def tick(self) -> None:
         """One run-queue snapshot (/proc/loadavg: a small file, cheap to read), taken between samples
@@ -232,22 +237,24 @@ class CpuProbe:
         )
 
     def _read_tracked(self) -> dict[int, TreeUsage]:
-        """The tracked trees' use since the last sample; a pid seen for the first time gives none yet."""
-        pids = self._tracked
-        for gone in set(self._trees) - pids:
-            del self._trees[gone]
-        out = {}
-        for pid in pids:
-            if not self.proc.exists(f"{pid}/stat"):  # not (or no longer) there: measured from when it is
-                self._trees.pop(pid, None)
-                continue
-            tree = self._trees.get(pid)
-            if tree is None:
-                tree = self._trees[pid] = TreeCpu(self.proc, ProcessTree(self.proc, pid))
-            usage = tree.read()
-            if usage is not None:
-                out[pid] = usage
-        return out
+        """The tracked trees' use since their last reading; a pid read for the first time gives none yet."""
+        with self._trees_lock:
+            pids = self._tracked
+            for gone in set(self._trees) - pids:
+                del self._trees[gone]
+            uses = {pid: self._tree_use(pid) for pid in pids}
+        return {pid: use for pid, use in uses.items() if use is not None}
+
+    def _tree_use(self, pid: int) -> TreeUsage | None:
+        """One reading of the pid's tree (the first: none, its baseline). Not (or no longer) there: measured from
+        when it is."""
+        if not self.proc.exists(f"{pid}/stat"):
+            self._trees.pop(pid, None)
+            return None
+        tree = self._trees.get(pid)
+        if tree is None:
+            tree = self._trees[pid] = TreeCpu(self.proc, ProcessTree(self.proc, pid))
+        return tree.read()
 
     def _runnable(self, times: CpuTimes | None, own_runnable: float, first: bool) -> float | None:
         """Mean of the snapshots since the last sample and this one, less the reader in each and

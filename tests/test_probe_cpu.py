@@ -173,3 +173,23 @@ def test_real_proc_busy_process_is_load_by_others():
     assert state.others_busy_cores >= child_cores - 0.15  # tick granularity
     assert state.own_cores < 0.2
     assert state.runnable_others is not None and state.runnable_others >= 0
+
+
+def test_vm_fixture_tree_an_app_tracked_between_samples_is_measured_by_the_next_one(tmp_path):
+    """An app says it runs a workload (its pid) before starting it: read at once, its first run after is measured
+    as its own in the very next sample, not left to others' load for an interval."""
+    tree = vm(tmp_path)
+    tree.process(4242, 1, "app")
+    probe = fixture_probe(tree)
+    probe.sample()
+    probe.track(frozenset({4242}))
+    stat = tree.proc / "4242" / "stat"
+    stat.write_text(stat.read_text().replace(" 50 20 0 0 ", " 100 20 0 0 "))  # 50 more ticks: half a second
+    tree.set_stat(busy=5060, idle=14040, steal=1000)  # 100 ticks of 2 cores: 1.2 busy
+    state = probe.sample()
+    assert state.tracked[4242].cores == pytest.approx(1.0)
+    tree.set_stat(busy=5080, idle=14120, steal=1000)
+    assert probe.sample().tracked[4242].cores == 0.0  # nothing since
+    probe.track(frozenset())
+    tree.set_stat(busy=5100, idle=14200, steal=1000)
+    assert probe.sample().tracked == {}

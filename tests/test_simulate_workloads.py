@@ -134,8 +134,6 @@ meets = false
     assert registered[1]["workloads"]["blur"] is False
 
 
-@pytest.mark.xfail(strict=False, reason="flaky (passed 2 of 3 quiet CI runs): the app's measured latencies come out "
-                   "bimodal (20 and 40 ms) under a hidden 2x slowdown; open in issue 20's closing note")
 def test_harness_an_app_s_reports_correct_an_estimate_its_device_does_not_show(estimator, calibrated_dir, tmp_path):
     """The app's runs take twice what the agent estimates (a slowdown no signal shows, emulated by the app).
     The monitor (each run within 1.4x the estimate) says met until the app's reports have taught the agent,
