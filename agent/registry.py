@@ -36,6 +36,7 @@ from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest,
 from monitors.table import MonitorRules, MonitorTable, initial_answer
 from monitors.warm import Learnt, reduce
 
+
 async def _nothing(pids: frozenset[int]) -> None:
     """No one to tell."""
 

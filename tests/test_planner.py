@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -11,10 +12,14 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper as nh
 
+from agent.simulation.materialize import materialize
+from monitors.graphs.graph import InputSpec
 from monitors.graphs.importer import load_graph
 from monitors.pricing.kernels import Kernel
 from monitors.pricing.planner import plan
 from tests.models import LIGHT_DIR, make_model, value
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 COMPUTE_OPS = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul", "FusedGemm"}
 
@@ -152,3 +157,33 @@ def test_written_bytes_is_each_family_s_output_in_float32() -> None:
     assert Kernel("bmm", (4, 128, 64, 128), 0).written_bytes == 4 * 128 * 128 * 4
     assert Kernel("eltwise", (3e6,), 3e6).written_bytes == 1.5e6
     assert Kernel("view", (1e6,), 1e6).written_bytes == 0.0
+
+
+def test_a_channels_last_webnn_graph_s_transposes_cancel_as_in_onnxruntime(tmp_path):
+    """WebNN's `inputLayout: "nhwc"` wraps each convolution in Transposes; onnxruntime pushes them through the
+    activations, resizes and concatenations between convolutions until they cancel, and the convolutions chain
+    with their activations fused. The plan has the kernels onnxruntime runs, not a Transpose pair per layer."""
+    graph = load_graph(EXAMPLES / "blur_segmenter.webnn", inputs={"image": InputSpec((1, 144, 256, 3))})
+    p = plan(graph)
+    ours = collections.Counter(k.op.split("+")[0] for k in p.kernels)
+    theirs = collections.Counter(_ort_kernels(materialize(graph), tmp_path))
+    assert sum(graph.model.graph.node[i].op_type == "Transpose" for i in range(len(graph.nodes))) > 10
+    assert ours["Transpose"] == theirs["Transpose"] == 1  # the input's, to NCHW
+    assert ours["Conv"] == theirs["Conv"] and "Relu" not in ours and "Relu" not in theirs
+    assert ours["ReorderInput"] == theirs["ReorderInput"] == 0
+    assert ours["Concat"] == theirs["Concat"] and ours["Resize"] == theirs["Upsample"]
+    assert ours["ReorderOutput"] == theirs["ReorderOutput"] == 1  # writing channels-last: the last Transpose's
+
+
+def test_a_transpose_pair_around_elementwise_ops_cancels_and_one_read_twice_stays(tmp_path):
+    to_nchw, to_nhwc = [0, 3, 1, 2], [0, 2, 3, 1]
+    inits = [nh.from_array(np.ones((1, 1, 1, 8), np.float32), "bias")]
+    nodes = [h.make_node("Transpose", ["x"], ["t"], perm=to_nhwc), h.make_node("Relu", ["t"], ["r"]),
+             h.make_node("Add", ["r", "bias"], ["a"]), h.make_node("Transpose", ["a"], ["y"], perm=to_nchw)]
+    model = make_model(nodes, [value("x", [1, 8, 32, 32])], [value("y", None)], inits)
+    assert [k.op for k in plan(_graph(model)).kernels] == ["Relu", "Add"]
+    assert "Transpose" not in _ort_kernels(model, tmp_path)
+    forked = [h.make_node("Transpose", ["x"], ["t"], perm=to_nhwc), h.make_node("Relu", ["t"], ["r"]),
+              h.make_node("Sigmoid", ["t"], ["s"]), h.make_node("Add", ["r", "s"], ["y"])]
+    model = make_model(forked, [value("x", [1, 8, 32, 32])], [value("y", None)], [])
+    assert [k.op for k in plan(_graph(model)).kernels] == ["Transpose", "Relu", "Sigmoid", "Add"]

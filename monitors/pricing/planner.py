@@ -19,6 +19,7 @@ import onnx
 from monitors.errors import GraphError
 from monitors.graphs.graph import ITEMSIZE, Graph, TensorInfo
 from monitors.pricing.kernels import Kernel, Plan
+from monitors.pricing.transposes import push_transposes
 from probes.calibration import COMPUTE_FAMILIES
 
 DEFAULT_NCHWC_BLOCK = 16  # AVX-512; 8 on AVX2; 0 where onnxruntime has no NCHWc path (ARM)
@@ -69,6 +70,7 @@ def memory_family(op: str) -> str | None:
 # Ops that keep a tensor in NCHWc when onnxruntime's NchwcTransformer has converted its producer.
 NCHWC_UNARY = {"Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "HardSigmoid", "QuickGelu", "Gelu", "FastGelu"}
 NCHWC_POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+CHANNELS_LAST = (0, 2, 3, 1)
 NCHWC_PASS = NCHWC_UNARY | NCHWC_POOLS | {"Add", "Sum", "Mul", "BatchNormalization", "Concat", "Resize", "Upsample"}
 
 
@@ -104,6 +106,7 @@ class _Ctx:
 
 def plan(graph: Graph, nchwc_block: int = DEFAULT_NCHWC_BLOCK) -> Plan:
     """The kernels one inference of `graph` runs, in execution order."""
+    graph = push_transposes(graph, _folded(graph))
     nodes = graph.nodes
     producer: dict[str, int] = {}
     consumers: dict[str, list[int]] = defaultdict(list)
@@ -162,6 +165,11 @@ def plan(graph: Graph, nchwc_block: int = DEFAULT_NCHWC_BLOCK) -> Plan:
             if blocked:
                 nchwc.add(last)
             kernels.append(kernel)
+            continue
+        if op == "Transpose" and node.input[0] in nchwc and ctx.consumers.get(node.input[0]) == [i] and \
+                node.input[0] not in ctx.outputs and tuple(_attr(node, "perm", ())) == CHANNELS_LAST:
+            reordered.add(node.input[0])  # the reorder writes channels-last itself (ReorderOutput channels_last=1)
+            kernels.append(_memory("movement", 2 * ctx.info(node.input[0]).nbytes, "ReorderOutput"))
             continue
         if nchwc_block and op in NCHWC_PASS and _nchwc_passes(ctx, node, nchwc, nchwc_block):
             nchwc.update(o for o in node.output if o)
