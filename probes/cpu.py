@@ -20,7 +20,6 @@ from probes.sysfs import KernelFiles, parse_float, take
 from probes.tree_cpu import TreeCpu, TreeUsage
 
 STATIC_TTL_S = 60.0
-LIMIT_TTL_S = 5.0
 _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
 
 
@@ -277,7 +276,8 @@ class CpuProbe:
             base = f"{self.CPUFREQ}/{policy}"
             top = self.sys.read(f"{base}/cpuinfo_max_freq", _parse_khz, STATIC_TTL_S).value
             cur = take(self.sys.read(f"{base}/scaling_cur_freq", _parse_khz), f"cpu.cur_mhz.{policy}", stale)
-            limit = self.sys.read(f"{base}/scaling_max_freq", _parse_khz, LIMIT_TTL_S).value
+            # every sample: the cpufreq cooling device caps the clock here, as a thermal event comes
+            limit = self.sys.read(f"{base}/scaling_max_freq", _parse_khz).value
             if top is not None:
                 maxes.append(top)
                 if cur is not None:

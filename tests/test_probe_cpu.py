@@ -51,8 +51,11 @@ def test_laptop_fixture_tree_clocks_and_psi(tmp_path):
 def test_desktop_fixture_tree_clock_limit_below_max(tmp_path):
     tree = desktop(tmp_path)
     tree.cpufreq(cur_khz=2_000_000, max_khz=4_700_000, limit_khz=2_350_000)
-    state = fixture_probe(tree).sample()
+    probe = fixture_probe(tree)
+    state = probe.sample()
     assert state.limit_mhz == 2350.0 and state.max_mhz == 4700.0
+    tree.cpufreq(cur_khz=1_000_000, max_khz=4_700_000, limit_khz=1_175_000)  # the cpufreq cooling device caps it
+    assert probe.sample().limit_mhz == 1175.0  # at the next sample, not a cache's lifetime later
 
 
 def test_vm_fixture_tree_counters_going_back_give_no_load(tmp_path):
