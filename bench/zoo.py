@@ -29,11 +29,14 @@ from typing import Any
 
 import onnx
 
+from agent.simulation.materialize import materialize
 from monitors.graphs.graph import InputSpec
+from monitors.graphs.importer import load_graph
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache" / "zoo"
 OPSET = 17
 MAX_IR_VERSION = 10
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 Builder = Callable[[Path], None]
@@ -94,6 +97,13 @@ def _copy_light(source: str, path: Path) -> None:
 
 
 # --- builders --------------------------------------------------------------------------------------------------------
+
+def _webnn(path: Path, source: Path, inputs: dict[str, InputSpec]) -> None:
+    """A WebNN graph as the ONNX a WebNN-on-onnxruntime backend runs (weights drawn at random)."""
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save(materialize(load_graph(source, inputs=inputs)), str(tmp))
+    tmp.replace(path)
+
 
 def _bert(path: Path, layers: int, hidden: int, heads: int) -> None:
     import torch  # noqa: PLC0415 - optional: only to build the zoo
@@ -300,6 +310,12 @@ def _build_zoo() -> list[ZooModel]:
         build = functools.partial(_torch_net, factory=_net("DeepLabLite"), example_shape=(1, 3, height, width))
         zoo.append(ZooModel(f"deeplab-lite-b1-{width}x{height}", "segmentation", f"deeplab-lite-{width}x{height}.onnx",
                             _image(1, height, width), build))
+
+    for height, width in ((360, 640), (448, 800), (576, 1024)):  # channels-last: a Transpose pair per layer
+        image = {"image": InputSpec((1, height, width, 3), "float32")}
+        zoo.append(ZooModel(f"webnn-blur-segmenter-{width}x{height}", "webnn-nhwc",
+                            f"webnn-blur-segmenter-{width}x{height}.onnx", image,
+                            functools.partial(_webnn, source=EXAMPLES / "blur_segmenter.webnn", inputs=image)))
 
     mlp_cases = {(784, 256, 3, 10): [1, 256], (1024, 1024, 4, 1000): [1, 32, 256], (4096, 4096, 3, 4096): [1, 64]}
     for (n_in, width, depth, n_out), batches in mlp_cases.items():
