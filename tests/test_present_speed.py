@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from agent.simulation.trees import laptop
-from monitors.speed.present import AT_REST, PresentSpeed, Share, blend, speed_from_state
+from monitors.speed.present import AT_REST, Measurement, PresentSpeed, Share, blend, speed_from_state
 from monitors.speed.refresh_policy import RefreshPolicy
 from probes.state import Sampler
 
@@ -126,6 +126,8 @@ def test_laptop_fixture_tree_present_speed_takes_the_handoff_extra_only_from_a_r
     assert present.measurement is not None and present.measurement.slowdown == 2.5  # the slowdown is taken
     assert speed.handoff_ms_per_mb == pytest.approx(0.05)
     assert present.for_share(Share(cores=1.0, runnable=1.0)).handoff_ms_per_mb == pytest.approx(0.05)
+    assert Measurement.taken_in(loaded, 4, 2.5, 0.3).handoff_ms_per_mb is None  # the CLI's one-shot reading too
+    assert Measurement.taken_in(quiet, 4, 1.0, 0.3).handoff_ms_per_mb == 0.3
     assert present.start_refresh(10.0)
     present.refreshed(1.0, 0.01, started_at=10.0, cpu_s=0.01)
     assert present.observe(quiet, 11.0).handoff_ms_per_mb == pytest.approx(0.01)  # a quiet reading replaces it

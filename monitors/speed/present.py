@@ -147,8 +147,11 @@ class Measurement:
     @classmethod
     def taken_in(cls, state: DeviceState, threads: int, slowdown: float | None,
                  handoff_ms_per_mb: float | None) -> Measurement:
+        """The reading in `state`; its handoff figure only where nothing contends for the cores (None beside
+        others' threads: there it is the scheduler's, not the host's)."""
         p = predict_cpu(state, threads)
-        return cls(slowdown, handoff_ms_per_mb, p.factor, p.contention)
+        quiet = p.contention <= HANDOFF_QUIET_CONTENTION
+        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention)
 
 
 def carried_correction(ratio: float, predicted: float, predicted_then: float) -> float:
@@ -349,6 +352,6 @@ class PresentSpeed:
         self.policy.refreshed(state, at, cpu_s)
         self._refreshing = False
         m = Measurement.taken_in(state, self.threads, slowdown, handoff)
-        if m.contention > HANDOFF_QUIET_CONTENTION:
-            m = replace(m, handoff_ms_per_mb=None if self.measurement is None else self.measurement.handoff_ms_per_mb)
+        if m.handoff_ms_per_mb is None and self.measurement is not None:  # none read: the last one stands
+            m = replace(m, handoff_ms_per_mb=self.measurement.handoff_ms_per_mb)
         self.measurement = m
