@@ -36,17 +36,16 @@ from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest,
 from monitors.table import MonitorRules, MonitorTable, initial_answer
 from monitors.warm import Learnt, reduce
 
-
-async def _nothing(pids: frozenset[int]) -> None:
-    """No one to tell."""
-
-
 log = logging.getLogger("daop-agent")
 
 REBASE_CHUNK = 500  # stored plans priced again per call to the workers
 WARM_DIR = "warm"
 WARM_SAVE_S = 10.0  # learnt corrections are written at most this often (and at a clean stop)
 MAX_HELD = 100_000  # messages held while the disk refuses the seq file (oldest dropped beyond, logged)
+
+
+async def _nothing(pids: frozenset[int]) -> None:
+    """No one to tell."""
 
 
 class MonitorRegistry:

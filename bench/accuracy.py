@@ -106,10 +106,20 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     }
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def error_cells(error: float | None, real_ms: float | None, real_iqr_ms: float | None) -> tuple[str, str]:
+    """A row's signed error and the real time's interquartile range, as printed."""
+    return (f"{error:+.0%}" if error is not None else "-",
+            f"{real_iqr_ms / real_ms:.0%}" if real_ms and real_iqr_ms is not None else "-")
 
 
 HEADER = (f"{'model':34} {'kernels':>7} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  "
@@ -117,20 +127,15 @@ HEADER = (f"{'model':34} {'kernels':>7} {'est ms':>9} {'real ms':>9} {'iqr %':>6
 
 
 def format_row(r: Row) -> str:
-    error = f"{r.error:+.0%}" if r.error is not None else "-"
-    iqr = f"{r.real_iqr_ms / r.real_ms:.0%}" if r.real_ms and r.real_iqr_ms is not None else "-"
+    error, iqr = error_cells(r.error, r.real_ms, r.real_iqr_ms)
     mark = " *" if r.est_tier and r.real_tier and r.est_tier != r.real_tier else ""
-    line = (f"{r.name:34} {r.kernels if r.kernels is not None else '-':>7} {_ms(r.estimate_ms):>9} "
-            f"{_ms(r.real_ms):>9} {iqr:>6} {error:>7}  {r.est_tier or '-':9} {r.real_tier or '-':9}{mark}")
+    line = (f"{r.name:34} {r.kernels if r.kernels is not None else '-':>7} {ms(r.estimate_ms):>9} "
+            f"{ms(r.real_ms):>9} {iqr:>6} {error:>7}  {r.est_tier or '-':9} {r.real_tier or '-':9}{mark}")
     return line + (f"  [{r.problem}]" if r.problem else "")
 
 
 def format_summary(rows: list[Row]) -> str:
     s = summarize(rows)
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0%}"
-
     lines = [f"{s['models']} models, {s['measured']} measured, {s['estimated']} estimated",
              f"median |error| {pct(s['median_abs_error'])}, mean |error| {pct(s['mean_abs_error'])}",
              f"within +/-10%: {pct(s['within_10'])}, within +/-25%: {pct(s['within_25'])}",

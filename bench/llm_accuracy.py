@@ -51,6 +51,7 @@ import onnxruntime as ort
 from agent import calibration_store
 from agent.config import default_state_dir
 from bench import llm_zoo
+from bench.accuracy import error_cells, ms, pct
 from bench.groundtruth import _timed, cpu_model
 from monitors.graphs.importer import load_decoder
 from monitors.pricing.generation import GenerationSpec, generation_times
@@ -314,25 +315,16 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     }
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}" if v < 100 else f"{v:.0f}"
-
-
 def format_row(r: Row) -> str:
-    error = f"{r.error:+.0%}" if r.error is not None else "-"
-    iqr = f"{r.real_iqr_ms / r.real_ms:.0%}" if r.real_ms and r.real_iqr_ms is not None else "-"
+    error, iqr = error_cells(r.error, r.real_ms, r.real_iqr_ms)
     mark = "" if r.tier_ok in (True, None) else " *"
-    line = (f"{r.model:26} {r.case:13} {_ms(r.estimate_ms):>9} {_ms(r.real_ms):>9} {iqr:>6} {error:>7}  "
+    line = (f"{r.model:26} {r.case:13} {ms(r.estimate_ms):>9} {ms(r.real_ms):>9} {iqr:>6} {error:>7}  "
             f"{r.est_tier or '-':9} {r.real_tier or '-':9}{mark}")
     return line + (f"  [{r.problem}]" if r.problem else "")
 
 
 def format_summary(rows: list[Row]) -> str:
     s = summarize(rows)
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0%}"
-
     lines = [f"{s['cases']} cases, {s['measured']} measured, {s['estimated']} estimated",
              f"median |error| {pct(s['median_abs_error'])} (median signed {pct(s['median_signed_error'])}), "
              f"within +/-10%: {pct(s['within_10'])}, within +/-25%: {pct(s['within_25'])}",

@@ -29,6 +29,18 @@ def failures(outcome) -> list[str]:
     return [f"{e.describe()}: {seen}" for e, ok, seen in outcome.results if not ok]
 
 
+def laptop(name: str, duration_s: float) -> str:
+    """A scenario's head: the laptop fixture at rest, plugged in, sampled every half second."""
+    return f"""name = "{name}"
+device = "laptop"
+duration_s = {duration_s}
+sample_interval_s = 0.5
+[initial]
+temp_c = 55
+plugged = true
+battery_percent = 90"""
+
+
 def model(estimator, tmp_path: Path, name: str, ms: float) -> str:
     path = tmp_path / f"{name}.onnx"
     path.write_bytes(mlp_near(estimator, ms))
@@ -42,14 +54,7 @@ def test_harness_a_30_fps_app_stays_met_for_a_minute_beside_its_own_run_and_a_ga
     false within two sample intervals, and it is met again once they stop."""
     blur = model(estimator, tmp_path, "blur", 12.0)
     text = f"""
-name = "30 fps beside a game"
-device = "laptop"
-duration_s = 84
-sample_interval_s = 0.5
-[initial]
-temp_c = 55
-plugged = true
-battery_percent = 90
+{laptop("30 fps beside a game", 84)}
 [[monitors]]
 id = "blur"
 model = "{blur}"
@@ -102,14 +107,7 @@ workloads = [
   {{ name = "captions", model = "{captions}", required_rate = 1 }},
 ]"""
     text = f"""
-name = "a call's group"
-device = "laptop"
-duration_s = 24
-sample_interval_s = 0.5
-[initial]
-temp_c = 55
-plugged = true
-battery_percent = 90
+{laptop("a call's group", 24)}
 {group(0, 30)}
 {group(12, 60)}
 [[apps]]
@@ -141,14 +139,7 @@ def test_harness_an_app_s_reports_correct_an_estimate_its_device_does_not_show(e
     frame = model(estimator, tmp_path, "frame", 10.0)
     deadline = 1.4 * 10.0
     text = f"""
-name = "learning from reports"
-device = "laptop"
-duration_s = 40
-sample_interval_s = 0.5
-[initial]
-temp_c = 55
-plugged = true
-battery_percent = 90
+{laptop("learning from reports", 40)}
 [[monitors]]
 id = "m"
 model = "{frame}"

@@ -6,6 +6,7 @@ import math
 import os
 import tempfile
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,26 @@ def _conditions(table: Any, where: str, device: str, gpu: bool) -> dict[str, Any
     return out
 
 
+def _tables(doc: dict[str, Any], key: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The file's `[[key]]` tables, each with where it is (for errors), as copies to take values from."""
+    raw = doc.pop(key, [])
+    if not isinstance(raw, list):
+        raise _fail(key, f"must be an array of tables [[{key}]]")
+    for i, table in enumerate(raw):
+        where = f"[[{key}]] #{i + 1}"
+        if not isinstance(table, dict):
+            raise _fail(where, "must be a table")
+        yield where, dict(table)
+
+
+def _monitor_of(table: dict[str, Any], where: str, ids: set[str]) -> str:
+    """The scenario's monitor a table names."""
+    monitor = _take(table, "monitor", (str,), where)
+    if monitor not in ids:
+        raise _fail(f"{where}.monitor", f"no monitor {monitor!r} in this scenario")
+    return str(monitor)
+
+
 def _take(table: dict[str, Any], key: str, kinds: tuple[type, ...], where: str, default: Any = ...) -> Any:
     if key not in table:
         if default is ...:
@@ -222,14 +243,10 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
     initial = _conditions(doc.pop("initial", {}), "[initial]", device, gpu)
 
     monitors: list[MonitorSpec] = []
-    raw_monitors = doc.pop("monitors", [])
+    raw_monitors = doc.get("monitors")
     if not isinstance(raw_monitors, list) or not raw_monitors:
         raise _fail("file", "needs at least one [[monitors]]")
-    for i, m in enumerate(raw_monitors):
-        w = f"[[monitors]] #{i + 1}"
-        if not isinstance(m, dict):
-            raise _fail(w, "must be a table")
-        m = dict(m)
+    for w, m in _tables(doc, "monitors"):
         mid = _take(m, "id", (str,), w)
         if not MONITOR_ID_RE.match(mid):
             raise _fail(f"{w}.id", f"must be 1 to 64 of A-Z a-z 0-9 _ -, not {mid!r}")
@@ -259,14 +276,7 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
         monitors.append(MonitorSpec(mid, workloads, at))
 
     steps: list[Step] = []
-    raw_steps = doc.pop("steps", [])
-    if not isinstance(raw_steps, list):
-        raise _fail("steps", "must be an array of tables [[steps]]")
-    for i, s in enumerate(raw_steps):
-        w = f"[[steps]] #{i + 1}"
-        if not isinstance(s, dict):
-            raise _fail(w, "must be a table")
-        s = dict(s)
+    for w, s in _tables(doc, "steps"):
         t = _number(_take(s, "t", (int, float), w), f"{w}.t", 0, duration)
         note = _take(s, "note", (str,), w, None)
         steps.append(Step(t, _conditions(s, w, device, gpu), note))
@@ -274,14 +284,8 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
 
     ids = {m.id for m in monitors}
     apps: list[AppSpec] = []
-    for i, a in enumerate(doc.pop("apps", [])):
-        w = f"[[apps]] #{i + 1}"
-        if not isinstance(a, dict):
-            raise _fail(w, "must be a table")
-        a = dict(a)
-        monitor = _take(a, "monitor", (str,), w)
-        if monitor not in ids:
-            raise _fail(f"{w}.monitor", f"no monitor {monitor!r} in this scenario")
+    for w, a in _tables(doc, "apps"):
+        monitor = _monitor_of(a, w, ids)
         names = {x.name for x in next(x for x in monitors if x.id == monitor).workloads}
         if "rate_hz" in a:
             rates = {"": _number(_take(a, "rate_hz", (int, float), w), f"{w}.rate_hz", 0.1, 1000)}
@@ -300,19 +304,13 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
         _leftovers(a, w)
 
     expectations: list[Expectation] = []
-    for i, e in enumerate(doc.pop("expect", [])):
-        w = f"[[expect]] #{i + 1}"
-        if not isinstance(e, dict):
-            raise _fail(w, "must be a table")
-        e = dict(e)
-        monitor = _take(e, "monitor", (str,), w)
-        if monitor not in ids:
-            raise _fail(f"{w}.monitor", f"no monitor {monitor!r} in this scenario")
+    for w, e in _tables(doc, "expect"):
+        monitor = _monitor_of(e, w, ids)
         kinds = [k for k in ("event_within", "holds", "no_event", "agrees") if k in e]
         if len(kinds) != 1:
             raise _fail(w, "needs exactly one of event_within, holds, no_event, agrees")
         kind = kinds[0]
-        a, b = _window(e.pop(kind), f"{w}.{kind}", duration)
+        begin, end = _window(e.pop(kind), f"{w}.{kind}", duration)
         meets = _take(e, "meets", (bool,), w, None)
         if kind in ("event_within", "holds") and meets is None:
             raise _fail(w, f"{kind} needs `meets = true|false`")
@@ -321,10 +319,10 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
         share = 0.95
         if kind == "agrees":
             share = _number(_take(e, "share", (int, float), w, 0.95), f"{w}.share", 0, 1)
-            if not any(x.monitor == monitor and x.start <= a and b <= x.stop for x in apps):
-                raise _fail(w, f"agrees needs an app running {monitor!r}'s workloads throughout [{a:g}, {b:g}]")
+            if not any(x.monitor == monitor and x.start <= begin and end <= x.stop for x in apps):
+                raise _fail(w, f"agrees needs an app running {monitor!r}'s workloads throughout [{begin:g}, {end:g}]")
         _leftovers(e, w)
-        expectations.append(Expectation(kind, monitor, a, b, meets, share))
+        expectations.append(Expectation(kind, monitor, begin, end, meets, share))
     if not expectations:
         raise _fail("file", "states no [[expect]]: a scenario must say what it expects")
     _leftovers(doc, "file")

@@ -729,13 +729,19 @@ _POOLS = {"averagePool2d": ("AveragePool", "GlobalAveragePool"), "maxPool2d": ("
           "l2Pool2d": ("LpPool", "GlobalLpPool")}
 
 
-def _pool(L: Lowering, c: Call) -> None:
+def _nchw_input(L: Lowering, c: Call) -> tuple[str, Info, bool]:
+    """The 4-D `input` in ONNX's NCHW (moved from WebNN's `layout: "nhwc"`), its own Info, and NHWC-ness."""
     x = c.x["input"]
     xi = L.info[x]
     _need_rank(c, xi, 4, "input")
     nhwc = c.opt.get("layout", "nchw") == "nhwc"
     if nhwc:
         x = L.transpose(x, _NHWC_TO_NCHW, c.where)
+    return x, xi, nhwc
+
+
+def _pool(L: Lowering, c: Call) -> None:
+    x, xi, nhwc = _nchw_input(L, c)
     n, ch, h, w = L.info[x].dims
     local, global_ = _POOLS[c.op]
     p_attrs: dict[str, Any] = {"p": 2} if c.op == "l2Pool2d" else {}
@@ -886,12 +892,7 @@ def _batch_norm(L: Lowering, c: Call) -> None:
 
 
 def _instance_norm(L: Lowering, c: Call) -> None:
-    x = c.x["input"]
-    xi = L.info[x]
-    _need_rank(c, xi, 4, "input")
-    nhwc = c.opt.get("layout", "nchw") == "nhwc"
-    if nhwc:
-        x = L.transpose(x, _NHWC_TO_NCHW, c.where)
+    x, xi, nhwc = _nchw_input(L, c)
     chans = L.info[x].dims[1]
     scale = _channel_vector(L, c, "scale", xi.dtype, chans)
     bias = _channel_vector(L, c, "bias", xi.dtype, chans)

@@ -36,7 +36,7 @@ BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Equal
 SUFFIX = "__nt"  # a pushed-through op's output in the Transpose's input layout
 
 
-def perm_of(node: onnx.NodeProto, rank: int) -> tuple[int, ...]:
+def _perm(node: onnx.NodeProto, rank: int) -> tuple[int, ...]:
     for a in node.attribute:
         if a.name == "perm":
             return tuple(a.ints)
@@ -75,21 +75,20 @@ class _Pusher:
             if t:
                 self.consumers[t].append(i)
 
-    def _transpose_of(self, tensor: str) -> tuple[int, str, tuple[int, ...]] | None:
-        """(node, input, perm) of the live, pushable Transpose that makes `tensor`."""
+    def _source(self, tensor: str) -> tuple[str, tuple[int, ...]] | None:
+        """(input, perm) of the live, pushable Transpose that makes `tensor`."""
         i = self.producer.get(tensor)
         n = None if i is None else self.nodes[i]
         if n is None or n.op_type != "Transpose" or n.input[0] in self.folded:
             return None
-        assert i is not None
-        return i, n.input[0], perm_of(n, len(self.tensors[n.input[0]].shape))
+        return n.input[0], _perm(n, len(self.tensors[n.input[0]].shape))
 
     def run(self) -> Graph:
         queue = deque(i for i, n in enumerate(self.nodes) if n is not None and n.op_type == "Transpose")
         while queue:
             i = queue.popleft()
             n = self.nodes[i]
-            if n is not None and self._transpose_of(n.output[0]) is not None:
+            if n is not None and self._source(n.output[0]) is not None:
                 queue += self._push(i)
             queue += self.retry
             self.retry.clear()
@@ -117,13 +116,13 @@ class _Pusher:
         node = self.nodes[t]
         assert node is not None
         y = node.output[0]
-        found = self._transpose_of(y)
-        assert found is not None
-        _, x, perm = found
+        perm = _perm(node, len(self.tensors[node.input[0]].shape))
         users = sorted(set(self.consumers.get(y, [])))
         others = [u for u in users if (n := self.nodes[u]) is not None and n.op_type != "Transpose"]
-        if not users or y in self.outputs or len(others) > 1 or not all(self._takes(u, y, perm) for u in users):
+        if len(others) > 1:
             return []  # pushed into two ops, one Transpose would become two
+        if not users or y in self.outputs or not all(self._takes(u, y, perm) for u in users):
+            return []
         made: list[int] = []
         for u in users:
             made += self._absorb(u, perm)
@@ -147,8 +146,8 @@ class _Pusher:
         return False
 
     def _same_transpose(self, tensor: str, perm: tuple[int, ...]) -> bool:
-        found = self._transpose_of(tensor)
-        return found is not None and found[2] == perm and len(self.tensors[found[1]].shape) == len(perm)
+        found = self._source(tensor)
+        return found is not None and found[1] == perm and len(self.tensors[found[0]].shape) == len(perm)
 
     def _absorb(self, u: int, perm: tuple[int, ...]) -> list[int]:
         """Node `u` reads its Transposed inputs' sources; a Transpose after it gives its outputs back, or, for a
@@ -156,33 +155,29 @@ class _Pusher:
         n = self.nodes[u]
         assert n is not None
         if n.op_type == "Transpose":
-            src = self._transpose_of(n.input[0])
-            assert src is not None
-            composed = tuple(perm[q] for q in perm_of(n, len(perm)))
-            self._drop_use(n.input[0], u)
-            if composed == tuple(range(len(perm))):  # inverse: both gone, its readers read the source
-                if n.output[0] in self.outputs:  # ... or, a graph output, a copy onnxruntime does not make
-                    n.op_type = "Identity"
-                    n.input[0] = src[1]
-                    del n.attribute[:]
-                    self.consumers[src[1]].append(u)
-                    return []
+            found = self._source(n.input[0])
+            assert found is not None
+            composed = tuple(perm[q] for q in _perm(n, len(perm)))
+            if composed != tuple(range(len(perm))):
+                self._read_source(u, 0, found[0])
+                _set_attr(n, "perm", list(composed))
+                return [u]
+            if n.output[0] not in self.outputs:  # inverse: both gone, its readers read the source
+                self._drop_use(n.input[0], u)
                 self.nodes[u] = None
-                self._rename(n.output[0], src[1])
+                self._rename(n.output[0], found[0])
                 return []
-            n.input[0] = src[1]
-            self.consumers[src[1]].append(u)
-            _set_perm(n, composed)
-            return [u]
+            n.op_type = "Identity"  # ... or, a graph output, a copy that onnxruntime does not make
+            del n.attribute[:]
+            self._read_source(u, 0, found[0])
+            return []
         for k, t in enumerate(n.input):
-            found = self._transpose_of(t) if t else None
-            if found is not None and found[2] == perm:
-                self._drop_use(t, u)
-                n.input[k] = found[1]
-                self.consumers[found[1]].append(u)
+            found = self._source(t) if t else None
+            if found is not None and found[1] == perm:
+                self._read_source(u, k, found[0])
         if n.op_type == "Concat":
             axis = next((a.i for a in n.attribute if a.name == "axis"), 0) % len(perm)
-            _set_int(n, "axis", perm[axis])
+            _set_attr(n, "axis", perm[axis])
         made = []
         for k, out in enumerate(n.output):
             if not out:
@@ -206,6 +201,14 @@ class _Pusher:
             self.consumers[inner].append(j)
             made.append(j)
         return made
+
+    def _read_source(self, u: int, k: int, source: str) -> None:
+        """Node `u`'s input `k` is now the source of the Transpose it read."""
+        n = self.nodes[u]
+        assert n is not None
+        self._drop_use(n.input[k], u)
+        n.input[k] = source
+        self.consumers[source].append(u)
 
     def _drop_use(self, tensor: str, u: int) -> None:
         """Node `u` no longer reads `tensor`; a Transpose that made it and is read by no one else goes."""
@@ -233,18 +236,7 @@ class _Pusher:
             self.consumers[new].append(u)
 
 
-def _set_perm(node: onnx.NodeProto, perm: tuple[int, ...]) -> None:
-    for a in node.attribute:
-        if a.name == "perm":
-            del a.ints[:]
-            a.ints.extend(perm)
-            return
-    node.attribute.append(onnx.helper.make_attribute("perm", list(perm)))
-
-
-def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
-    for a in node.attribute:
-        if a.name == name:
-            a.i = value
-            return
-    node.attribute.append(onnx.helper.make_attribute(name, value))
+def _set_attr(node: onnx.NodeProto, name: str, value: int | list[int]) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, onnx.helper.make_attribute(name, value)])
