@@ -42,6 +42,12 @@ def write_config(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def exact_tiers(tmp_path: Path) -> Path:
+    """A config without the privacy jitter, for tests about load, the agent's own work and reports: a boundary
+    moved by up to 20 % (drawn afresh at each start) would leave a model's margin to its tier to chance."""
+    return write_config(tmp_path, "[privacy]\njitter = 0\n")
+
+
 def agent_on(device, state_dir: Path, broker_url: str, config: Path, device_id: str = "dev1") -> AgentProcess:
     """An agent (not started yet) reading `device`'s fixture tree, with `config`."""
     return AgentProcess(state_dir, broker_url, device_id=device_id, config=config, sysfs_root=device.sys,

@@ -14,13 +14,13 @@ import json
 import time
 
 import pytest
-from agent_harness import AgentProcess, client, request_v5
+from agent_harness import AgentProcess, client, exact_tiers, request_v5
 from models import mlp, mlp_near
 
 from agent.simulation.load import Load
 
 pytestmark = pytest.mark.slow
-TARGET_MS = 40.0  # at rest; `good` is lost at 110 ms (the 10 % margin): 2.75x
+TARGET_MS = 40.0  # at rest; `good` is lost at 110 ms (the 10 % margin, no privacy jitter): 2.75x
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +44,12 @@ async def others_turn_it_false(events: list[dict], timeout_s: float = 20.0) -> N
             await asyncio.sleep(0.1)
 
 
-async def test_real_agent_first_monitor_and_background_full_calibration(state_dir, mosquitto, sensitive):
+async def test_real_agent_first_monitor_and_background_full_calibration(state_dir, mosquitto, sensitive, tmp_path):
     """A quick calibration found at start is redone in full in the background (about a minute of both
     cores). A monitor created meanwhile answers as the quiet device does, and no event comes until the
     calibration is over."""
     agent = AgentProcess(state_dir, mosquitto.url, device_id="own1", sample_interval=0.2,
-                         extra=["--calibration", "full"])
+                         config=exact_tiers(tmp_path), extra=["--calibration", "full"])
     agent.start()
     try:
         agent.wait_log("calibrating in full in the background", timeout=30)
@@ -70,12 +70,13 @@ async def test_real_agent_first_monitor_and_background_full_calibration(state_di
 
 
 async def test_real_agent_pricing_large_graphs_moves_no_other_client_s_monitor(state_dir, mosquitto,
-                                                                                 sensitive):
+                                                                                 sensitive, tmp_path):
     """Another client keeps both estimator workers busy pricing a 30,000-node graph (about 2 s of CPU each)
     for ten seconds: the first client's monitor does not move."""
     # built before the agent starts: this process's own CPU would be others' load to the agent
     large = base64.b64encode(mlp([4] * 10_000, batch=1).SerializeToString()).decode()
-    agent = AgentProcess(state_dir, mosquitto.url, device_id="own2", sample_interval=0.2).start()
+    agent = AgentProcess(state_dir, mosquitto.url, device_id="own2", sample_interval=0.2,
+                         config=exact_tiers(tmp_path)).start()
     try:
         async with (client(mosquitto.port) as c, client(mosquitto.port) as watcher, client(mosquitto.port) as a,
                     client(mosquitto.port) as b):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_harness import AgentProcess, client, request_v5, write_config
+from agent_harness import AgentProcess, client, exact_tiers, request_v5
 from models import mlp_near
 
 from agent.simulation.app import AppProcess, Workload
@@ -32,12 +32,6 @@ def frame_model(estimator, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "frame.onnx"
     path.write_bytes(mlp_near(estimator, 6.0))
     return path
-
-
-def exact_tiers(tmp_path: Path) -> Path:
-    """A config without the privacy jitter: these tests are about load and reports, and a boundary moved by up to
-    20 % (drawn afresh at each start) would leave the model's margin to its tier anywhere within 20 % of 2.7x."""
-    return write_config(tmp_path, "[privacy]\njitter = 0\n")
 
 
 async def watch(c, monitor: str, into: list[dict]) -> None:
