@@ -10,6 +10,7 @@ a fresh process, cached). Error = estimate / real - 1.
     python -m bench.accuracy --remeasure         # ignore cached ground truth
     python -m bench.accuracy --json out.json     # also write every row
     python -m bench.accuracy --measure-only      # ground truth only, no estimator
+    python -m bench.accuracy --device gpu        # on the CUDA provider (a GPU calibration in the state dir)
 
 Ground truth must be measured on a quiet machine: other load inflates it.
 """
@@ -50,32 +51,33 @@ class Row:
     problem: str | None = None  # why an estimate or measurement is missing
 
 
-def estimate(estimator: Any, path: Path, inputs: dict[str, Any]) -> tuple[float, int]:
-    """The estimator's CPU latency (ms) and kernel count for the model bound to `inputs`."""
+def estimate(estimator: Any, path: Path, inputs: dict[str, Any], device: str = "cpu") -> tuple[float, int]:
+    """The estimator's latency (ms) on `device` and kernel count for the model bound to `inputs`."""
 
     graph = load_graph(path, inputs=inputs)
-    result = estimator.estimate(graph, device="cpu")
+    result = estimator.estimate(graph, device=device)
     return result.latency_ms, result.kernels
 
 
-def load_estimator(state_dir: Path) -> Any:
+def load_estimator(state_dir: Path, device: str = "cpu") -> Any:
 
-    return calibration_store.load_estimator(state_dir, device="cpu")
+    return calibration_store.load_estimator(state_dir, device=device)
 
 
-def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int) -> Row:
+def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int,
+             device: str = "cpu") -> Row:
     """One row: build the file if needed, measure (or reuse) the real latency, then estimate."""
     row = Row(model.name, model.family)
     path = model.path()
     try:
-        real = groundtruth.measure(path, model.inputs, repeats=min_repeats, remeasure=remeasure)
+        real = groundtruth.measure(path, model.inputs, repeats=min_repeats, remeasure=remeasure, device=device)
         row.real_ms, row.real_iqr_ms, row.real_min_ms = real["median_ms"], real["iqr_ms"], real["min_ms"]
         row.real_tier = tier_for(row.real_ms)
     except (RuntimeError, OSError, ValueError) as exc:
         row.problem = f"measure: {exc}"
     if estimator is not None:
         try:
-            row.estimate_ms, row.kernels = estimate(estimator, path, model.inputs)
+            row.estimate_ms, row.kernels = estimate(estimator, path, model.inputs, device)
             row.est_tier = tier_for(row.estimate_ms)
         except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a row, then goes on
             row.problem = "; ".join(filter(None, [row.problem, f"estimate: {type(exc).__name__}: {exc}"]))
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write rows and summary as JSON")
     parser.add_argument("--state-dir", type=Path, help="calibration state dir (default: the agent's)")
     parser.add_argument("--measure-only", action="store_true", help="ground truth only; do not load the estimator")
+    parser.add_argument("--device", choices=tuple(groundtruth.PROVIDERS), default="cpu",
+                        help="measure and estimate on this device (gpu: onnxruntime's CUDA provider)")
     parser.add_argument("--min-repeats", type=int, default=groundtruth.MIN_REPEATS)
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure the models in this many rounds over all of them, each in a fresh process, "
@@ -179,17 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     estimator = None
     if not args.measure_only:
 
-        estimator = load_estimator(args.state_dir or default_state_dir())
+        estimator = load_estimator(args.state_dir or default_state_dir(), args.device)
 
     remeasure = args.remeasure
     if args.rounds > 1:  # rounds over the whole zoo, minutes apart (groundtruth.measure_spread)
         groundtruth.measure_spread([(m.path(), m.inputs) for m in models], args.rounds, args.min_repeats,
-                                   remeasure=remeasure, log=lambda line: print(line, file=sys.stderr))
+                                   remeasure=remeasure, log=lambda line: print(line, file=sys.stderr),
+                                   device=args.device)
         remeasure = False
     print(HEADER)
     rows: list[Row] = []
     for model in models:
-        row = evaluate(model, estimator, remeasure, args.min_repeats)
+        row = evaluate(model, estimator, remeasure, args.min_repeats, args.device)
         rows.append(row)
         print(format_row(row), flush=True)
     print()
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
 
         report = {"summary": summarize(rows), "rows": [asdict(r) for r in rows],
-                  "onnxruntime": onnxruntime.__version__, "cpu": groundtruth.cpu_model(),
+                  "onnxruntime": onnxruntime.__version__, "cpu": groundtruth.cpu_model(), "device": args.device,
                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         args.json.write_text(json.dumps(report, indent=1))
     return 0

@@ -1,16 +1,17 @@
 """Ground truth: the real latency of one onnxruntime inference of a model file.
 
 What the estimator predicts is one run through onnxruntime with its DEFAULT
-SessionOptions on the CPUExecutionProvider, so that is exactly what is timed:
+SessionOptions on the CPUExecutionProvider (`--device gpu`: the CUDAExecutionProvider,
+inputs and outputs in host memory, as an app hands them), so that is exactly what is timed:
 each model in a fresh subprocess (so the arena and caches of one model don't
 pollute the next), warm-up runs first, then enough timed runs for about
 `target_s` seconds (at least `min_repeats`); the median and the interquartile
 range are reported. Feeds are random floats, small token ids, masks of ones.
 
 Results are cached in bench/.cache/groundtruth.json, keyed by the file's hash,
-the input bindings, the onnxruntime version and the CPU model.
+the input bindings, the onnxruntime version and the CPU model (the GPU's, on the GPU).
 
-    python -m bench.groundtruth MODEL.onnx --input NAME=1x3x224x224[:float32] ...
+    python -m bench.groundtruth MODEL.onnx --input NAME=1x3x224x224[:float32] ... [--device gpu]
 """
 
 from __future__ import annotations
@@ -21,14 +22,20 @@ import functools
 import hashlib
 import json
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+
+from probes.microbench import gpu_model
 
 CACHE_FILE = Path(__file__).resolve().parent / ".cache" / "groundtruth.json"
 TARGET_S = 1.5
@@ -36,6 +43,7 @@ MIN_REPEATS = 5
 MAX_REPEATS = 2000
 WARMUP_S = 0.3
 TIMEOUT_S = 600.0
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "gpu": ["CUDAExecutionProvider"]}
 
 
 # --- the measurement (runs in the child process) ---------------------------------------------------------------------
@@ -62,12 +70,18 @@ def _feeds(session: Any, inputs: dict[str, tuple[list[int], str | None]]) -> dic
 
 
 def run_measurement(path: str, inputs: dict[str, tuple[list[int], str | None]], target_s: float = TARGET_S,
-                    min_repeats: int = MIN_REPEATS) -> dict[str, Any]:
+                    min_repeats: int = MIN_REPEATS, device: str = "cpu") -> dict[str, Any]:
     """Time the model in this process: default session, warm-up, then the timed runs."""
 
     t0 = time.perf_counter()
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if device == "gpu":  # the kernels the provider runs, to set beside the planner's (nodes after optimization)
+        optimized = Path(tempfile.mkdtemp()) / "optimized.onnx"
+        options.optimized_model_filepath = str(optimized)
+    session = ort.InferenceSession(path, options, providers=PROVIDERS[device])
     session_s = time.perf_counter() - t0
+    if device == "gpu" and session.get_providers()[0] != "CUDAExecutionProvider":
+        raise RuntimeError(f"the CUDA provider did not load (providers: {session.get_providers()})")
     feeds = _feeds(session, inputs)
 
     # Warm-up: the first run allocates; keep warming until WARMUP_S has passed (at least 2 runs).
@@ -79,7 +93,7 @@ def run_measurement(path: str, inputs: dict[str, tuple[list[int], str | None]], 
     repeats = int(min(MAX_REPEATS, max(min_repeats, target_s / max(per_run, 1e-6))))
     times = np.array([_timed(session, feeds) for _ in range(repeats)]) * 1000.0
     q1, median, q3 = np.percentile(times, [25, 50, 75])
-    return {
+    result = {
         "median_ms": float(median),
         "iqr_ms": float(q3 - q1),
         "min_ms": float(times.min()),
@@ -88,6 +102,29 @@ def run_measurement(path: str, inputs: dict[str, tuple[list[int], str | None]], 
         "first_run_ms": first * 1000.0,
         "session_s": session_s,
     }
+    if device == "gpu":
+        result["bound_median_ms"] = _bound_median_ms(session, feeds, repeats)
+        result["ops"] = dict(Counter(n.op_type for n in onnx.load(str(optimized), load_external_data=False).graph.node))
+        shutil.rmtree(optimized.parent, ignore_errors=True)
+    return result
+
+
+def _bound_median_ms(session: Any, feeds: dict[str, Any], repeats: int) -> float:
+    """The median of runs with inputs and outputs already in GPU memory (IOBinding): the run less an app's
+    host copies, to tell the copies' share of the error from the kernels'."""
+    io = session.io_binding()
+    for name, value in feeds.items():
+        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+    for out in session.get_outputs():
+        io.bind_output(out.name, "cuda")
+    times = []
+    for i in range(repeats + 3):
+        start = time.perf_counter()
+        session.run_with_iobinding(io)
+        io.synchronize_outputs()
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1000.0
 
 
 _busy_since_pause = [0.0]
@@ -119,6 +156,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def _gpu_name() -> str:
+    return gpu_model()
+
+
 def file_hash(path: Path) -> str:
     """sha256 of the file's bytes (memoized per path, size and mtime: zoo files are large)."""
     stat = path.stat()
@@ -143,10 +185,11 @@ def _plain_inputs(inputs: dict[str, Any]) -> dict[str, tuple[list[int], str | No
     return plain
 
 
-def cache_key(path: Path, inputs: dict[str, Any]) -> str:
+def cache_key(path: Path, inputs: dict[str, Any], device: str = "cpu") -> str:
 
     bindings = ";".join(f"{n}={'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(_plain_inputs(inputs).items()))
-    return f"{file_hash(path)}|{bindings}|onnxruntime {ort.__version__}|{cpu_model()}"
+    where = cpu_model() if device == "cpu" else f"gpu {_gpu_name()}"
+    return f"{file_hash(path)}|{bindings}|onnxruntime {ort.__version__}|{where}"
 
 
 def load_cache(cache_file: Path = CACHE_FILE) -> dict[str, Any]:
@@ -164,10 +207,10 @@ def save_cache(cache: dict[str, Any], cache_file: Path = CACHE_FILE) -> None:
 
 
 def measure_in_subprocess(path: Path, inputs: dict[str, Any], target_s: float = TARGET_S,
-                          min_repeats: int = MIN_REPEATS) -> dict[str, Any]:
+                          min_repeats: int = MIN_REPEATS, device: str = "cpu") -> dict[str, Any]:
     """Run `run_measurement` in a fresh Python process and return its result."""
     request = json.dumps({"path": str(path), "inputs": _plain_inputs(inputs), "target_s": target_s,
-                          "min_repeats": min_repeats})
+                          "min_repeats": min_repeats, "device": device})
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker"], input=request,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
@@ -177,7 +220,7 @@ def measure_in_subprocess(path: Path, inputs: dict[str, Any], target_s: float = 
 
 
 def measure(path: Path | str, inputs: dict[str, Any], repeats: int = MIN_REPEATS, target_s: float = TARGET_S,
-            remeasure: bool = False, cache_file: Path = CACHE_FILE) -> dict[str, Any]:
+            remeasure: bool = False, cache_file: Path = CACHE_FILE, device: str = "cpu") -> dict[str, Any]:
     """Real latency of `path` bound to `inputs` (name -> InputSpec), in a fresh process; cached unless
     `remeasure` (several rounds, kept at their quietest: `measure_spread`).
 
@@ -185,18 +228,18 @@ def measure(path: Path | str, inputs: dict[str, Any], repeats: int = MIN_REPEATS
     The result has median_ms, iqr_ms, repeats, ... plus `cached` (bool).
     """
     path = Path(path)
-    key = cache_key(path, inputs)
+    key = cache_key(path, inputs, device)
     cache = load_cache(cache_file)
     if not remeasure and key in cache:
         return {**cache[key], "cached": True}
-    result = measure_in_subprocess(path, inputs, target_s=target_s, min_repeats=repeats)
+    result = measure_in_subprocess(path, inputs, target_s=target_s, min_repeats=repeats, device=device)
     _store(key, path, result, 1, cache_file)
     return {**result, "cached": False}
 
 
 def measure_spread(jobs: list[tuple[Path, dict[str, Any]]], rounds: int, repeats: int = MIN_REPEATS,
                    target_s: float = TARGET_S, remeasure: bool = False, cache_file: Path = CACHE_FILE,
-                   log: Any = None) -> None:
+                   log: Any = None, device: str = "cpu") -> None:
     """Measure every job in `rounds` rounds over all of them, keeping each one's lowest median: on a
     shared machine a whole round can be disturbed, and disturbance only adds time.
 
@@ -205,13 +248,13 @@ def measure_spread(jobs: list[tuple[Path, dict[str, Any]]], rounds: int, repeats
     Jobs already cached are skipped unless `remeasure`; a job that fails is left to the caller.
     """
     cached = load_cache(cache_file)
-    todo = [(Path(p), inputs) for p, inputs in jobs if remeasure or cache_key(Path(p), inputs) not in cached]
+    todo = [(Path(p), inputs) for p, inputs in jobs if remeasure or cache_key(Path(p), inputs, device) not in cached]
     best: dict[str, dict[str, Any]] = {}
     for r in range(rounds):
         for path, inputs in todo:
-            key = cache_key(path, inputs)
+            key = cache_key(path, inputs, device)
             try:
-                result = measure_in_subprocess(path, inputs, target_s=target_s, min_repeats=repeats)
+                result = measure_in_subprocess(path, inputs, target_s=target_s, min_repeats=repeats, device=device)
             except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired):
                 continue
             if key not in best or result["median_ms"] < best[key]["median_ms"]:
@@ -219,7 +262,7 @@ def measure_spread(jobs: list[tuple[Path, dict[str, Any]]], rounds: int, repeats
             if log:
                 log(f"round {r + 1}/{rounds}: {path.name} {result['median_ms']:.3g} ms")
     for path, inputs in todo:
-        key = cache_key(path, inputs)
+        key = cache_key(path, inputs, device)
         if key in best:
             _store(key, path, best[key], rounds, cache_file)
 
@@ -241,21 +284,24 @@ def _parse_input(text: str) -> tuple[str, tuple[list[int], str | None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Real onnxruntime latency of one model (default session, CPU).")
+    parser = argparse.ArgumentParser(description="Real onnxruntime latency of one model (default session).")
     parser.add_argument("model", nargs="?", type=Path)
     parser.add_argument("--input", action="append", default=[], help="NAME=1x3x224x224[:float32]")
     parser.add_argument("--remeasure", action="store_true")
+    parser.add_argument("--device", choices=tuple(PROVIDERS), default="cpu")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         request = json.loads(sys.stdin.read())
         inputs = {name: (shape, dtype) for name, (shape, dtype) in request["inputs"].items()}
-        result = run_measurement(request["path"], inputs, request["target_s"], request["min_repeats"])
+        result = run_measurement(request["path"], inputs, request["target_s"], request["min_repeats"],
+                                 request.get("device", "cpu"))
         print(json.dumps(result))
         return 0
     if args.model is None:
         parser.error("a model path is required")
-    result = measure(args.model, dict(_parse_input(t) for t in args.input), remeasure=args.remeasure)
+    result = measure(args.model, dict(_parse_input(t) for t in args.input), remeasure=args.remeasure,
+                     device=args.device)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -77,6 +77,15 @@ def grids(quick: bool) -> list[Grid]:
     return g
 
 
+HOST_COPY = "MemcpyHost"  # one tensor copied between host and GPU memory (onnxruntime's MemcpyFromHost/ToHost)
+
+
+def host_copy_grids(quick: bool) -> list[Grid]:
+    """The GPU's copies of an app's inputs and outputs, by bytes of the tensor: 256 B .. 64 MiB."""
+    sizes = tuple(float(2 ** k) for k in range(8, 27, 2))
+    return [Grid(HOST_COPY, (_thin(sizes) if quick else sizes,), 2 ** 27)]
+
+
 def _thin(axis: tuple[float, ...]) -> tuple[float, ...]:
     if len(axis) <= 3:
         return axis
@@ -150,6 +159,8 @@ def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator
                        numpy_helper.from_array(np.array(0, np.int8), zero)], y)
     if family == "gqa":
         return _gqa_point(p, x, y, tag, rng)
+    if family == HOST_COPY:  # a Relu of the tensor's size (2x: its bytes moved, read and written)
+        return MEMORY_OPS["Relu"](2 * p[0], x, y, tag, rng)
     return MEMORY_OPS[family](p[0], x, y, tag, rng)
 
 
@@ -425,26 +436,46 @@ def _gpu_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dic
     point gets a session of its own, timed around a synchronised run with
     IOBinding (no host copies), less the time of an empty such run.
     """
-    def timed(model: onnx.ModelProto) -> float:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        s = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
-        io = s.io_binding()
-        for name, value in _feeds(s, rng).items():
-            io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
-        for out in s.get_outputs():
-            io.bind_output(out.name, "cuda")
-        samples = []
-        for i in range(runs + 2):
-            t0 = time.perf_counter()
+    empty = _gpu_run_time(_chain_model(1), runs, rng, bound=True)
+    return {p.output: max(_gpu_run_time(_model([p]), runs, rng, bound=True) - empty, 1e-7) for p in points}
+
+
+def _host_copy_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dict[str, float]:
+    """Per point, one copy of its input's size between host and GPU memory: a run fed from and answering to
+    host memory, as an app's runs are, less the same run bound in GPU memory, halved (one tensor in, one out)."""
+    out = {}
+    for p in points:
+        model = _model([p])
+        host = _gpu_run_time(model, runs, rng, bound=False)
+        out[p.output] = max((host - _gpu_run_time(model, runs, rng, bound=True)) / 2, 1e-7)
+    return out
+
+
+def _gpu_run_time(model: onnx.ModelProto, runs: int, rng: np.random.Generator, bound: bool) -> float:
+    """The fastest of `runs` synchronised runs of `model` on the CUDA provider, after two that warm it up.
+    `bound`: inputs and outputs in GPU memory (IOBinding); else fed from host memory, as an app feeds it."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    feeds = _feeds(s, rng)
+    io = s.io_binding()
+    for name, value in feeds.items():
+        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+    for o in s.get_outputs():
+        io.bind_output(o.name, "cuda")
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        if bound:
             s.run_with_iobinding(io)
             io.synchronize_outputs()
-            if i >= 2:
-                samples.append(time.perf_counter() - t0)
-        return min(samples)
+        else:
+            s.run(None, feeds)
+        return time.perf_counter() - t0
 
-    empty = timed(_chain_model(1))
-    return {p.output: max(timed(_model([p])) - empty, 1e-7) for p in points}
+    run()
+    run()
+    return min(run() for _ in range(runs))
 
 
 def _chain_model(length: int, size: int = 16) -> onnx.ModelProto:
@@ -641,7 +672,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
     plan: list[tuple[Grid, list[tuple[float, ...]]]] = []
-    for grid in grids(quick):
+    for grid in grids(quick) + (host_copy_grids(quick) if device == "gpu" else []):
         pts = [p for p in itertools.product(*grid.axes) if work_of(grid.family, p) <= grid.max_work
                and _feasible(grid.family, p)]
         plan.append((grid, pts))
@@ -660,7 +691,9 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     def measure(grid: Grid, pts: list[tuple[float, ...]]) -> Iterable[tuple[list[tuple[float, ...]], dict]]:
         for batch in _batches(grid.family, pts, budget_bytes):
             built = [_point(grid.family, p, f"{grid.family}{i}", rng) for i, p in enumerate(batch)]
-            if device == "gpu":
+            if grid.family == HOST_COPY:
+                times = _host_copy_times(built, runs, rng)
+            elif device == "gpu":
                 times = _gpu_times(built, runs, rng)
             else:
                 times = _profile_points(built, runs, providers, rng)

@@ -16,7 +16,7 @@ from agent.simulation.materialize import materialize
 from monitors.graphs.graph import InputSpec
 from monitors.graphs.importer import load_graph
 from monitors.pricing.kernels import Kernel
-from monitors.pricing.planner import plan
+from monitors.pricing.planner import CUDA, Provider, plan
 from tests.models import LIGHT_DIR, make_model, value
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -75,7 +75,7 @@ def test_blocked_conv_fused_with_clip_carries_an_output_pass_and_relu_does_not(t
     assert dw.op == "Conv+Clip" and dw.epilogue == Kernel("eltwise", (2.0 * 4 * c * side * side,),
                                                           2.0 * 4 * c * side * side, "Clip")
     assert pw.op == "Conv+Relu" and pw.epilogue is None
-    assert plan(_graph(model), nchwc_block=0).kernels[0].epilogue is None  # the plain kernel: no second pass
+    assert plan(_graph(model), Provider(nchwc_block=0)).kernels[0].epilogue is None  # the plain kernel: no second pass
     ort_ops = _ort_kernels(model, tmp_path)
     assert "Clip" not in ort_ops and "Relu" not in ort_ops
 
@@ -187,3 +187,42 @@ def test_a_transpose_pair_around_elementwise_ops_cancels_and_one_read_twice_stay
               h.make_node("Sigmoid", ["t"], ["s"]), h.make_node("Add", ["r", "s"], ["y"])]
     model = make_model(forked, [value("x", [1, 8, 32, 32])], [value("y", None)], [])
     assert [k.op for k in plan(_graph(model)).kernels] == ["Transpose", "Relu", "Sigmoid", "Add"]
+
+
+# --- the CUDA provider (onnxruntime 1.31's optimized graphs of the zoo on an H100: docs/accuracy.md, "GPU") ---------
+
+def test_cuda_plan_runs_activations_apart_and_copies_the_inputs_and_outputs():
+    """The CUDA provider folds the BatchNormalization into the Conv but runs the Relu as a kernel of its own,
+    and the app's input crosses into GPU memory and its output back (MemcpyFromHost, MemcpyToHost)."""
+    c = 32
+    inits = [_w((c, 16, 3, 3), "w"), _w((c,), "s"), _w((c,), "b"), _w((c,), "m"),
+             nh.from_array(np.ones(c, np.float32), "v")]
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+             h.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+             h.make_node("Relu", ["bn"], ["y"])]
+    model = make_model(nodes, [value("x", [1, 16, 28, 28])], [value("y", None)], inits)
+    kernels = plan(_graph(model), CUDA).kernels
+    assert [k.op for k in kernels] == ["MemcpyFromHost", "Conv+BatchNormalization", "Relu", "MemcpyToHost"]
+    assert kernels[0].work == 4 * 16 * 28 * 28 and kernels[-1].work == 4 * c * 28 * 28  # each tensor's bytes
+    assert [k.op for k in plan(_graph(model)).kernels] == ["ReorderInput", "Conv+BatchNormalization+Relu",
+                                                           "ReorderOutput"]  # the CPU: fused, in NCHWc
+
+
+def test_cuda_plan_keeps_the_transposes_of_a_channels_last_graph_before_a_resize():
+    """A channels-last graph's Transposes cancel through a Relu on both providers; the CUDA build's Resize takes
+    NCHW only, so the Transposes around it stay (the blur segmenter: 10 on the H100, 2 on the CPU)."""
+    c = 8
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]),
+             h.make_node("Conv", ["xt", "w1"], ["c1"], pads=[1] * 4),
+             h.make_node("Transpose", ["c1"], ["a"], perm=[0, 2, 3, 1]),
+             h.make_node("Relu", ["a"], ["r"]),
+             h.make_node("Resize", ["r", "", "scales"], ["u"], mode="nearest"),
+             h.make_node("Transpose", ["u"], ["ut"], perm=[0, 3, 1, 2]),
+             h.make_node("Conv", ["ut", "w2"], ["c2"], pads=[1] * 4),
+             h.make_node("Transpose", ["c2"], ["y"], perm=[0, 2, 3, 1])]
+    inits = [_w((c, 3, 3, 3), "w1"), _w((c, c, 3, 3), "w2"),
+             nh.from_array(np.array([1, 2, 2, 1], np.float32), "scales")]
+    model = make_model(nodes, [value("x", [1, 16, 16, 3])], [value("y", None)], inits)
+    transposes = {provider: sum(k.op == "Transpose" for k in plan(_graph(model), p).kernels)
+                  for provider, p in (("cpu", Provider(nchwc_block=0)), ("cuda", CUDA))}
+    assert transposes == {"cpu": 2, "cuda": 4}

@@ -28,7 +28,8 @@ from probes.calibration import COMPUTE_FAMILIES, NBITS_FAMILIES, Calibration, Fa
 REPRESENTATIVE = {"eltwise": "Add", "transcend": "Erf", "movement": "Transpose", "reduce": "ReduceMean",
                   "softmax": "Softmax", "norm": "LayerNormalization", "pool": "MaxPool", "view": "Reshape"}
 ALIASES = {"Upsample": "Resize", "Sub": "Add", "Div": "Mul", "SkipLayerNormalization": "LayerNormalization",
-           "RMSNormalization": "SimplifiedLayerNormalization"}
+           "RMSNormalization": "SimplifiedLayerNormalization",
+           "MemcpyFromHost": "MemcpyHost", "MemcpyToHost": "MemcpyHost"}  # the GPU's table (probes/microbench.py)
 
 
 @dataclass

@@ -70,8 +70,11 @@ class Estimator:
         return tuple(d for d in DEVICES if d in self.models)
 
     def plan(self, graph: Graph, device: str = "cpu") -> Plan:
-        cal = self.calibrations.get(device, self.calibrations["cpu"])
-        return planner.plan(graph, nchwc_block=int(cal.fingerprint.get("nchwc_block", planner.DEFAULT_NCHWC_BLOCK)))
+        if device == "gpu":
+            return planner.plan(graph, planner.CUDA)
+        cal = self.calibrations["cpu"]
+        block = int(cal.fingerprint.get("nchwc_block", planner.DEFAULT_NCHWC_BLOCK))
+        return planner.plan(graph, planner.Provider(nchwc_block=block))
 
     def base_latency_ms(self, plan: Plan | GenerationPlan, device: str = "cpu") -> float:
         """Latency on the calibrated device at rest (of a whole generation, for a GenerationPlan)."""

@@ -24,6 +24,21 @@ from probes.calibration import COMPUTE_FAMILIES
 
 DEFAULT_NCHWC_BLOCK = 16  # AVX-512; 8 on AVX2; 0 where onnxruntime has no NCHWc path (ARM)
 
+
+@dataclass(frozen=True)
+class Provider:
+    """Where onnxruntime's graph optimizations and kernels differ by execution provider (onnxruntime 1.31)."""
+
+    nchwc_block: int = DEFAULT_NCHWC_BLOCK  # the CPU's blocked layout: 16 on AVX-512, 8 on AVX2, 0 without
+    conv_activation: bool = True  # an activation after a Conv runs inside it (the CPU provider's FusedConv)
+    transpose_through_resize: bool = True  # the transpose optimizer pushes through Resize (not in CUDA builds)
+    host_copies: bool = False  # the app's inputs and outputs cross into the device's memory and back
+
+
+# The CUDA provider, as the optimized graphs of the zoo on an H100 show it: activations run apart from their
+# convolutions, Transposes stay before a Resize, and every input and output is copied (MemcpyFromHost/ToHost).
+CUDA = Provider(nchwc_block=0, conv_activation=False, transpose_through_resize=False, host_copies=True)
+
 ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"}
 # MLAS's blocked convolutions apply Relu as they write; these, in a second pass over the output.
 SECOND_PASS_ACTIVATIONS = ACTIVATIONS - {"Relu"}
@@ -104,9 +119,10 @@ class _Ctx:
         return self.producer[node.output[0]]
 
 
-def plan(graph: Graph, nchwc_block: int = DEFAULT_NCHWC_BLOCK) -> Plan:
-    """The kernels one inference of `graph` runs, in execution order."""
-    graph = push_transposes(graph, _folded(graph))
+def plan(graph: Graph, provider: Provider = Provider()) -> Plan:
+    """The kernels one inference of `graph` runs on `provider`, in execution order."""
+    nchwc_block = provider.nchwc_block
+    graph = push_transposes(graph, _folded(graph), provider.transpose_through_resize)
     nodes = graph.nodes
     producer: dict[str, int] = {}
     consumers: dict[str, list[int]] = defaultdict(list)
@@ -155,7 +171,7 @@ def plan(graph: Graph, nchwc_block: int = DEFAULT_NCHWC_BLOCK) -> Plan:
             continue
         op = node.op_type
         if op == "Conv":
-            kernel, last, blocked = _conv(ctx, node, nchwc_block)
+            kernel, last, blocked = _conv(ctx, node, nchwc_block, provider.conv_activation)
             x = node.input[0]
             if blocked and ctx.info(x).shape[1] >= nchwc_block:
                 if x not in nchwc:
@@ -186,6 +202,11 @@ def plan(graph: Graph, nchwc_block: int = DEFAULT_NCHWC_BLOCK) -> Plan:
             kernels.append(_simple(ctx, node, notes))
     for out in ctx.outputs:
         reorder(out)
+    if provider.host_copies:
+        weights = {t.name for t in graph.model.graph.initializer}
+        kernels[:0] = [_memory("movement", ctx.info(x.name).nbytes, "MemcpyFromHost")
+                       for x in graph.model.graph.input if x.name not in weights]
+        kernels += [_memory("movement", ctx.info(o).nbytes, "MemcpyToHost") for o in sorted(ctx.outputs)]
 
     return Plan(
         kernels=tuple(kernels),
@@ -198,7 +219,7 @@ def plan(graph: Graph, nchwc_block: int = DEFAULT_NCHWC_BLOCK) -> Plan:
 
 # --- fused compute kernels -------------------------------------------------------------------------------------
 
-def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, bool]:
+def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int, fuse_activation: bool = True) -> tuple[Kernel, str, bool]:
     """A Conv with what onnxruntime fuses after it; returns the kernel, its final output, and NCHWc-ness."""
     x, w = ctx.info(node.input[0]), ctx.info(node.input[1])
     y = ctx.info(node.output[0])
@@ -227,7 +248,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int) -> tuple[Kernel, str, boo
         elif (kind in ("Add", "Sum") and blocked and not residual_used and len(others) == 1
               and ctx.info(others[0]).shape == ctx.info(last).shape):
             residual_used = True
-        elif kind in ACTIVATIONS:
+        elif kind in ACTIVATIONS and fuse_activation:
             ctx.absorbed.add(ctx.index(nxt))
             ops.append(kind)
             last = nxt.output[0]

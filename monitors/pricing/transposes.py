@@ -43,18 +43,24 @@ def _perm(node: onnx.NodeProto, rank: int) -> tuple[int, ...]:
     return tuple(reversed(range(rank)))
 
 
-def push_transposes(graph: Graph, folded: frozenset[str]) -> Graph:
+RESIZES = {"Resize", "Upsample"}
+
+
+def push_transposes(graph: Graph, folded: frozenset[str], through_resize: bool = True) -> Graph:
     """`graph` with its Transposes pushed down and cancelled as onnxruntime does; the graph itself where there is
-    nothing to push. `folded`: the tensors onnxruntime folds (a Transpose of one is folded, not pushed)."""
+    nothing to push. `folded`: the tensors onnxruntime folds (a Transpose of one is folded, not pushed).
+    `through_resize`: False for onnxruntime's CUDA builds, whose Resize takes NCHW only (the optimizer leaves a
+    Transpose before it)."""
     if not any(n.op_type == "Transpose" and n.input[0] not in folded for n in graph.nodes):
         return graph
-    return _Pusher(graph, folded).run()
+    return _Pusher(graph, folded, through_resize).run()
 
 
 class _Pusher:
-    def __init__(self, graph: Graph, folded: frozenset[str]) -> None:
+    def __init__(self, graph: Graph, folded: frozenset[str], through_resize: bool = True) -> None:
         self.graph = graph
         self.folded = folded
+        self.unary = UNARY if through_resize else UNARY - RESIZES
         originals = [copy.deepcopy(n) for n in graph.nodes]
         self.nodes: list[onnx.NodeProto | None] = list(originals)
         self.tensors = dict(graph.tensors)
@@ -138,7 +144,7 @@ class _Pusher:
         if n.domain not in ("", "ai.onnx") or any(o in self.outputs for o in n.output):
             return False  # a graph output's layout is the model's: a Transpose would stay after it
         rank = len(perm)
-        if n.op_type in UNARY:
+        if n.op_type in self.unary:
             return len(self.tensors[n.output[0]].shape) == rank
         if n.op_type in BINARY or n.op_type == "Concat":
             return all(t == y or t in self.folded or self._same_transpose(t, perm) for t in n.input if t) \
