@@ -127,6 +127,16 @@ def test_memory_kernels_use_their_own_op_table_else_the_family_representative():
     assert cm.kernel_seconds(Kernel("eltwise", (n,), n, "Sub")) == cm.kernel_seconds(Kernel("eltwise", (n,), n, "Add"))
 
 
+def test_host_copies_on_the_gpu_are_priced_by_their_own_table_in_both_directions():
+    """A GPU calibration's MemcpyHost table prices the plan's MemcpyFromHost and MemcpyToHost kernels (the
+    app's inputs in, its outputs out): 12 GB/s there, against the 1 GB/s the movement family would say."""
+    copies = _memory_table(lambda b: b / 12e9 + 5e-6)
+    cm = CostModel(_cal({"MemcpyHost": copies, "Transpose": _memory_table(lambda b: 1e-9 * b)}))
+    n = 2.0 ** 20
+    for op in ("MemcpyFromHost", "MemcpyToHost"):
+        assert cm.kernel_seconds(Kernel("movement", (n,), n, op)) == pytest.approx(n / 12e9 + 5e-6, rel=1e-6)
+
+
 def _gemv_plan(side: int) -> Plan:
     k = Kernel("gemm", (1.0, float(side), float(side)), 2.0 * side * side, "MatMul")
     return Plan(kernels=(k,), weight_bytes=4 * side * side)
