@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from monitors.errors import BadInput
 
-COMMANDS = ("estimate", "calibrate", "state", "run", "monitor", "simulate", "web-credentials", "files")
+COMMANDS = ("estimate", "calibrate", "state", "run", "monitor", "simulate", "web-credentials", "web-bridge", "files")
 
 
 def version() -> str:

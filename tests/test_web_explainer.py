@@ -20,7 +20,8 @@ import time
 import psutil
 import pytest
 from browser import REPO
-from test_web_client import BUSY, BUSY_MACHINE_PERCENT, REST_WAIT_S, monitors_on, web_agent  # noqa: F401 - fixture
+from test_web_client import BUSY, BUSY_MACHINE_PERCENT, REST_WAIT_S, monitors_on
+from test_web_client import web_agent as web_agent  # the fixture: an agent with its local broker's WebSockets
 
 # The example's code, with its calls and values; `navigator`, `MLGraphBuilder`, `switchToCloud` and
 # `switchToLocal` are whatever the page gives it.
