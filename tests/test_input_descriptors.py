@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from agent_harness import agent_on, client, request_v5, write_config
+from models import LIGHT_DIR
 
 from monitors.errors import GraphError, InputsError, UnboundInput
 from monitors.graphs.builder import GraphBuilder
@@ -164,3 +165,16 @@ async def test_mqtt_inputs_resize_and_errors_are_bad_inputs(agent, mosquitto):
         assert "--input" not in missing["error"]["message"]
         ok, _ = await request_v5(c, DEV, "meets", {"graph": unbound, "requiredTier": "poor", "inputs": frame})
         assert ok["status"] == "ok" and ok["data"] == {"meetsRequirement": True}, ok  # the agent kept serving
+
+
+def test_real_models_built_at_224_asked_at_448():
+    """onnx's light CNNs, built at 224x224: SqueezeNet (a global pool before its head) runs at 448x448; ResNet-50
+    (a 7x7 pool, then a Reshape to 2048) cannot, as a runtime would find, and the error names that Reshape."""
+    squeezenet = load_graph(LIGHT_DIR / "light_squeezenet.onnx", inputs={"data_0": InputSpec((1, 3, 448, 448))})
+    assert squeezenet.tensors["data_0"].shape == (1, 3, 448, 448)
+    assert squeezenet.tensors[squeezenet.model.graph.output[0].name].shape == (1, 1000, 1, 1)
+    with pytest.raises(InputsError) as caught:
+        load_graph(LIGHT_DIR / "light_resnet50.onnx", inputs={"gpu_0/data_0": InputSpec((1, 3, 448, 448))})
+    assert str(caught.value) == (
+        "the graph cannot take input 'gpu_0/data_0' at [1, 3, 448, 448] (built at [1, 3, 224, 224]): "
+        "node 'n173' (Reshape) reshapes [1, 2048, 8, 8] (131072 elements) to [1, 2048] (2048 elements)")
