@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from monitors.errors import BadInput
 
-COMMANDS = ("estimate", "calibrate", "state", "run", "monitor", "simulate", "web-credentials", "files")
+COMMANDS = ("estimate", "calibrate", "state", "run", "monitor", "simulate", "web-credentials", "web-bridge", "files")
 
 
 def version() -> str:
@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except BadInput as exc:
-        print(f"daop-agent {args.command}: error: {exc}", file=sys.stderr)
+        hint = getattr(exc, "cli_hint", "")  # an input's shape to give: how, on the command line
+        print(f"daop-agent {args.command}: error: {exc}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -29,3 +29,25 @@ class LimitExceeded(GraphError):
     """A graph too large to be estimated safely (nodes, tensor sizes, total work)."""
 
     code = "limit_exceeded"
+
+
+class InputsError(GraphError):
+    """Input bindings the graph cannot take: a missing shape, a wrong rank or data type, a size it has no room for.
+
+    A GraphError, so that whoever catches a graph's faults catches these too; its own code tells the caller that
+    the fix is in the bindings (`inputs`, `--input`, `inputDescriptors`), not in the graph.
+    """
+
+    code = "bad_inputs"
+
+
+class UnboundInput(InputsError):
+    """An input whose shape neither the graph nor the caller gives. The message says it for every surface;
+    `cli_hint` is the command line's way to give it (the CLI adds it), kept through a worker process's pickle."""
+
+    def __init__(self, message: str, code: str | None = None, cli_hint: str = "") -> None:
+        super().__init__(message, code)
+        self.cli_hint = cli_hint
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:  # type: ignore[override]
+        return (type(self), (str(self), self.code, self.cli_hint))

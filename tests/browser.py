@@ -38,10 +38,11 @@ def missing() -> str | None:
 class Browser:
     """One page in a fresh Chromium profile; `evaluate` and `wait_for` take JavaScript expressions."""
 
-    def __init__(self, profile: Path, log: Path) -> None:
+    def __init__(self, profile: Path, log: Path, extension: Path | None = None) -> None:
         self.log = log
         self._stderr = open(log, "wb")
-        self.proc = subprocess.Popen(["node", str(CLIENT / "test" / "browser.mjs"), str(profile)], cwd=CLIENT,
+        extra = [str(extension)] if extension is not None else []
+        self.proc = subprocess.Popen(["node", str(CLIENT / "test" / "browser.mjs"), str(profile), *extra], cwd=CLIENT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -79,11 +80,15 @@ class Browser:
             raise AssertionError(f"{op} failed in the browser: {answer['error']}\n{self.console()}")
         return answer["value"]
 
-    def goto(self, url: str) -> None:
-        self.call("goto", url=url)
+    def goto(self, url: str, page: int = 0) -> None:
+        self.call("goto", url=url, page=page)
 
-    def evaluate(self, expr: str, timeout: float = 60.0) -> Any:
-        return self.call("eval", timeout=timeout + 5, expr=expr)
+    def new_page(self) -> int:
+        """Another page (tab) in the same browser; its index for `page=`."""
+        return int(self.call("newpage"))
+
+    def evaluate(self, expr: str, timeout: float = 60.0, page: int = 0) -> Any:
+        return self.call("eval", timeout=timeout + 5, expr=expr, page=page)
 
     def wait_for(self, expr: str, timeout: float) -> Any:
         """The first truthy value of `expr`, polled every 20 ms in the page."""
@@ -107,14 +112,18 @@ class _QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
+def skip_without_browser() -> None:
     why = missing()
     if why:
         message = f"browser tests need Chromium and clients/js's npm packages ({why}): run scripts/ensure-browser.sh"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    skip_without_browser()
     b = Browser(tmp_path / "chromium-profile", tmp_path / "browser.log")
     yield b
     b.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import onnx
 import onnx.helper as h
@@ -14,7 +16,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
 from agent.simulation.materialize import materialize
-from monitors.errors import GraphError, LimitExceeded
+from monitors.errors import GraphError, InputsError, LimitExceeded, UnboundInput
 from monitors.graphs import contrib_shapes
 from monitors.graphs.graph import InputSpec
 from monitors.graphs.importer import load_graph
@@ -97,16 +99,23 @@ def test_symbolic_dims_bound_by_inputs():
     assert graph.constants == {"w", "b"}
 
 
-def test_unbound_symbolic_dimension_says_how_to_bind_it():
-    with pytest.raises(GraphError, match=r"^input 'x' has symbolic dimension 'N'; pass --input x=<N>x3x<H>x<W>$"):
+def test_unbound_symbolic_dimension_is_bad_inputs_and_says_how_to_bind_it():
+    with pytest.raises(UnboundInput, match=r"^input 'x' has symbolic dimension 'N' \(shape \[N, 3, H, W\]\): give its "
+                                           r"shape in the inputs$") as caught:
         bind(conv_net())
-    with pytest.raises(GraphError, match="symbolic dimension 'H'"):
+    assert caught.value.code == "bad_inputs" and caught.value.cli_hint == "pass --input x=<N>x3x<H>x<W>"
+    assert "--input" not in str(caught.value)  # over MQTT and in Python there is no command line
+    again = pickle.loads(pickle.dumps(caught.value))  # as it comes back from the agent's worker process
+    assert (type(again), str(again), again.code, again.cli_hint) == (UnboundInput, str(caught.value), "bad_inputs",
+                                                                     caught.value.cli_hint)
+    with pytest.raises(UnboundInput, match="symbolic dimension 'H'"):
         bind(conv_net(batch=1))
     unnamed = make_model([h.make_node("Relu", ["x"], ["y"])], [value("x", [None, 4])], [value("y", None)])
-    with pytest.raises(GraphError, match=r"input 'x' has an unknown dimension; pass --input x=<\?>x4"):
+    with pytest.raises(UnboundInput, match=r"input 'x' has an unknown dimension") as caught:
         bind(unnamed)
+    assert caught.value.cli_hint == "pass --input x=<?>x4"
     shapeless = make_model([h.make_node("Relu", ["x"], ["y"])], [value("x", None)], [value("y", None)])
-    with pytest.raises(GraphError, match="input 'x' has no declared shape"):
+    with pytest.raises(UnboundInput, match="input 'x' has no declared shape"):
         bind(shapeless)
     assert bind(shapeless, {"x": InputSpec((2, 5))}).tensors["y"].shape == (2, 5)
 
@@ -119,13 +128,69 @@ def test_unknown_input_name_lists_the_real_inputs():
         load_graph(LIGHT_DIR / "light_bvlc_alexnet.onnx", inputs={"conv1_w_0__SHAPE": InputSpec((4,))})
 
 
-def test_binding_must_match_rank_fixed_dims_and_dtype():
-    with pytest.raises(GraphError, match=r"input 'x' has rank 4 \(\[N, 3, H, W\]\), but the binding gives 3"):
+def test_binding_must_match_rank_and_dtype():
+    with pytest.raises(InputsError, match=r"input 'x' has rank 4 \(\[N, 3, H, W\]\), but the binding gives 3"):
         bind(conv_net(), {"x": InputSpec((1, 3, 8))})
-    with pytest.raises(GraphError, match="dimension 1 fixed at 3"):
-        bind(conv_net(), {"x": InputSpec((1, 4, 8, 8))})
-    with pytest.raises(GraphError, match="input 'x' is float32 in the model, not float16"):
+    with pytest.raises(InputsError, match="input 'x' is float32 in the model, not float16"):
         bind(conv_net(), {"x": InputSpec((1, 3, 8, 8), "float16")})
+
+
+def fixed_flatten_net(reshape_to: int | None) -> onnx.ModelProto:
+    """A conv net built at 1x3x32x32: its head a Reshape to a fixed size, or a Flatten and a fixed-size MatMul."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.standard_normal((4, 3, 3, 3), dtype=np.float32), "w"),
+             nh.from_array(rng.standard_normal((4 * 32 * 32, 10), dtype=np.float32), "fc")]
+    head = ([h.make_node("Reshape", ["c", "to"], ["f"], name="to_rows")] if reshape_to
+            else [h.make_node("Flatten", ["c"], ["f"], name="flat")])
+    if reshape_to:
+        inits.append(nh.from_array(np.array([1, reshape_to], np.int64), "to"))
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"), *head,
+             h.make_node("MatMul", ["f", "fc"], ["y"], name="classifier")]
+    return make_model(nodes, [value("x", [1, 3, 32, 32])], [value("y", None)], inits)
+
+
+def test_a_binding_resizes_fixed_dimensions_and_shapes_follow():
+    """As a runtime runs a model built at one resolution at another: the shapes are inferred again."""
+    graph = bind(conv_net(batch=1, height=224, width=224), {"x": InputSpec((1, 3, 720, 1280), "float32")})
+    assert graph.tensors["x"].shape == (1, 3, 720, 1280)
+    assert graph.tensors["c"].shape == (1, 16, 360, 640)
+    assert graph.static is None  # taken as built at that size: onnxruntime would know every shape
+    built = bind(conv_net(batch=1, height=224, width=224))
+    assert built.tensors["c"].shape == (1, 16, 112, 112)
+    # the same model as given, or bound at its own sizes: unchanged
+    assert bind(conv_net(batch=1, height=224, width=224),
+                {"x": InputSpec((1, 3, 224, 224))}).tensors["c"].shape == (1, 16, 112, 112)
+
+
+@pytest.mark.parametrize("reshape_to,node", [(4 * 32 * 32, "node 'to_rows' (Reshape)"),
+                                             (None, "node name: classifier")])
+def test_a_size_the_graph_cannot_take_is_bad_inputs_naming_the_node(reshape_to, node):
+    model = fixed_flatten_net(reshape_to)
+    assert bind(model).tensors["y"].shape == (1, 10)  # as built
+    with pytest.raises(InputsError) as caught:
+        bind(model, {"x": InputSpec((1, 3, 64, 64))})
+    message = str(caught.value)
+    assert caught.value.code == "bad_inputs"
+    assert message.startswith("the graph cannot take input 'x' at [1, 3, 64, 64] (built at [1, 3, 32, 32]): ")
+    assert node in message and "\n" not in message
+    # a channel count the convolution's weights do not have: the same, naming the conv
+    with pytest.raises(InputsError, match="conv"):
+        bind(model, {"x": InputSpec((1, 4, 32, 32))})
+
+
+def test_a_reshape_that_changes_the_element_count_is_a_bad_graph_as_built():
+    """onnx's shape inference takes a fixed Reshape target as it is; the estimator checks the element count."""
+    model = make_model([h.make_node("Reshape", ["x", "to"], ["y"], name="to_rows")], [value("x", [1, 4, 32, 32])],
+                       [value("y", None)], [nh.from_array(np.array([1, 100], np.int64), "to")])
+    with pytest.raises(GraphError, match=r"node 'to_rows' \(Reshape\) reshapes \[1, 4, 32, 32\] \(4096 elements\) "
+                                         r"to \[1, 100\] \(100 elements\)$") as caught:
+        bind(model)
+    assert caught.value.code == "bad_graph"
+    # resized, a graph broken as built stays the graph's fault
+    for broken in (model, fixed_flatten_net(100)):
+        with pytest.raises(GraphError) as caught:
+            bind(broken, {"x": InputSpec((1, 4, 64, 64) if broken is model else (1, 3, 64, 64))})
+        assert caught.value.code == "bad_graph", caught.value
 
 
 @pytest.mark.parametrize("shape", [(1, 3, -8, 8), (-1, 3, 8, 8)])

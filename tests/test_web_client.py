@@ -71,17 +71,18 @@ def test_client_answers_estimate_meets_and_monitors_and_rejects_errors(browser, 
         const error = (promise) => promise.then(() => 'no error', (e) => [e.name, e.code, e instanceof DaopError]);
         const out = {{
             online: context.agentOnline,
-            tier: await context.estimateQoS(webnn, frame),
-            tierJson: await context.estimateQoS({json.dumps(mlp)},
-                                                {{inputs: {{features: {{shape: [8, 256], dataType: 'float32'}}}}}}),
-            tierOnnx: await context.estimateQoS(onnx.buffer),
+            tier: (await context.estimateQoS(webnn, frame)).performanceTier,
+            tierOld: [String(await context.estimateQoS(webnn, frame)), await context.estimateTier(webnn, frame)],
+            tierJson: (await context.estimateQoS({json.dumps(mlp)},
+                {{inputDescriptors: {{features: {{shape: [8, 256], dataType: 'float32'}}}}}})).performanceTier,
+            tierOnnx: (await context.estimateQoS(onnx.buffer)).performanceTier,
             meetsPoor: await context.meetsRequirement(webnn, 'poor', frame),
             badTier: await error(context.meetsRequirement(webnn, 'best', frame)),
             noInputs: await error(context.estimateQoS(webnn)),
             badGraph: await error(context.estimateQoS('webnn_graph "x" v2 {{ nodes {{ y = nosuchop(x); }} }}')),
             wrongPassword: await error(connect({{...creds, password: 'guess', timeoutMs: 10000}})),
         }};
-        const monitor = await context.createQoSMonitor(webnn, 'poor', {{...frame, monitor: 'web-test'}});
+        const monitor = await context.createQoSMonitor(webnn, 'poor', {{...frame, monitor: 'web-test'}}).ready;
         window.monitor = monitor;
         window.context = context;
         out.monitor = [monitor.id, monitor.requiredTier, monitor.meetsRequirement, monitor instanceof EventTarget];
@@ -92,7 +93,8 @@ def test_client_answers_estimate_meets_and_monitors_and_rejects_errors(browser, 
     assert result["tierOnnx"] in ("excellent", "good")
     assert result["meetsPoor"] is True
     assert result["badTier"] == ["DaopError", "bad_tier", True]
-    assert result["noInputs"] == ["DaopError", "bad_graph", True]
+    assert result["tierOld"] == [result["tier"]] * 2  # the first client's calls keep working
+    assert result["noInputs"] == ["DaopError", "bad_inputs", True]
     assert result["badGraph"][1] in ("bad_graph", "unknown_operator") and result["badGraph"][2] is True
     assert result["wrongPassword"] == ["DaopError", "not_authorized", True]
     assert result["monitor"] == ["web-test", "poor", True, True]
@@ -102,7 +104,7 @@ def test_client_answers_estimate_meets_and_monitors_and_rejects_errors(browser, 
     assert monitors_on(web_agent) == []
     # A page that goes away takes its monitors with it.
     browser.evaluate("context.createQoSMonitor(" + json.dumps(webnn) + ", 'good', "
-                     "{inputs: {image: [1, 288, 512, 3]}, monitor: 'left-behind'}).then((m) => m.id)")
+                     "{inputs: {image: [1, 288, 512, 3]}, monitor: 'left-behind'}).ready.then((m) => m.id)")
     assert monitors_on(web_agent) == ["left-behind"]
     browser.goto("about:blank")
     deadline = time.monotonic() + 10

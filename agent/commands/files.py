@@ -7,7 +7,8 @@ from pathlib import Path
 
 from monitors.errors import BadInput
 
-HELP = "Print the path of a file the package carries (scenarios/, examples/, systemd/), or list them all."
+HELP = ("Print the path of a file the package carries (scenarios/, examples/, systemd/, webextension/), "
+        "or list them all.")
 SHARE = Path(__file__).resolve().parent.parent / "share"  # links to the checkout's folders; files in a wheel
 
 

@@ -133,7 +133,8 @@ async def _monitor(args: argparse.Namespace, client: DaopClient, path: Path, inp
         except DaopError as exc:
             what = "the agent refused the monitor" if monitor is None and exc.code not in (
                 "timeout", "no_agent", "offline", "disconnected") else "no monitor"
-            raise BadInput(f"{what}: {exc.message} ({exc.code})") from None
+            hint = "; bind inputs with --input NAME=DIMS" if exc.code == "bad_inputs" else ""
+            raise BadInput(f"{what}: {exc.message} ({exc.code}){hint}") from None
         _print(args, {"monitor": monitor.id, **_fields(args), "meetsRequirement": monitor.meets},
                f"monitor {monitor.id} on {client.device_id}: {requirement} "
                f"{'met' if monitor.meets else 'NOT met'}; waiting for changes (Ctrl-C to stop)")

@@ -1,57 +1,27 @@
 // DAOP for web pages: the explainer's estimateQoS / meetsRequirement / createQoSMonitor, answered by a
 // daop-agent on this device over MQTT v5 over WebSockets (docs/web.md).
 //
-//   const context = await connect({url, deviceId, username, password});
-//   const tier = await context.estimateQoS(webnnText, {inputs: {image: [1, 288, 512, 3]}});
-//   const monitor = await context.createQoSMonitor(webnnText, 'excellent', {inputs});
-//   monitor.onchange = () => useLocal(monitor.meetsRequirement);
+//   const ml = createML({url, deviceId, username, password});    // navigator.ml's part: createContext
+//   const context = await ml.createContext({deviceType: 'npu'}); // or: await connect({url, ..., deviceType})
+//   const builder = new MLGraphBuilder(context);                 // weightless: constants are descriptors
+//   ...
+//   const qos = await context.estimateQoS(graph, {inputDescriptors: {input: {shape: [1, 3, 720, 1280]}}});
+//   const monitor = context.createQoSMonitor(graph, 'excellent');
+//   monitor.onchange = (e) => (e.meetsRequirement ? switchToLocal() : switchToCloud());
 //
-// Types: daop.d.ts.
+// The builder, the calls and their report and event shapes are webnn.js's (no dependencies); this module
+// carries them over MQTT. Types: daop.d.ts.
 
 import mqtt from 'mqtt';
+import { DaopError, QoSContext, randomHex } from './webnn.js';
 
-/** The tiers, best first (contract: excellent < 16 ms ... poor >= 60 s). */
-export const TIERS = Object.freeze(['excellent', 'good', 'fair', 'moderate', 'slow', 'very-slow', 'poor']);
+export {
+  DaopError, MLGraph, MLGraphBuilder, MLOperand, OPERATOR_NAMES, OPERATORS, QoSChangeEvent, QoSContext, QoSMonitor, QoSReport,
+  TIERS,
+} from './webnn.js';
 
 const ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 const STATUS_WAIT_MS = 2000;
-
-/** An error answer of the agent (`code` as in docs/mqtt.md), or `timeout`, `closed`, `not_authorized`, `unreachable`. */
-export class DaopError extends Error {
-  /** @param {string} code @param {string} message */
-  constructor(code, message) {
-    super(message);
-    this.name = 'DaopError';
-    this.code = code;
-  }
-}
-
-function randomHex(bytes) {
-  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, '0')).join('');
-}
-
-function base64(bytes) {
-  let text = '';
-  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(text);
-}
-
-/** The request's model field: `.webnn` text, a webnn-graph-json object, or ONNX bytes. */
-function modelFields(graph) {
-  if (typeof graph === 'string') return { webnn: graph };
-  if (graph instanceof ArrayBuffer) return { onnx: base64(new Uint8Array(graph)) };
-  if (ArrayBuffer.isView(graph)) return { onnx: base64(new Uint8Array(graph.buffer, graph.byteOffset, graph.byteLength)) };
-  if (graph !== null && typeof graph === 'object') return { graph };
-  throw new TypeError('a graph is .webnn text, a webnn-graph-json object, or ONNX bytes');
-}
-
-/** `{name: [1, 3, 224, 224]}` or `{name: {shape, dataType}}` -> the request's `inputs`. */
-function inputFields(inputs) {
-  if (inputs === undefined) return {};
-  const out = {};
-  for (const [name, spec] of Object.entries(inputs)) out[name] = Array.isArray(spec) ? { shape: spec } : spec;
-  return { inputs: out };
-}
 
 function text(payload) {
   return typeof payload === 'string' ? payload : new TextDecoder().decode(payload);
@@ -63,11 +33,12 @@ function text(payload) {
  * @param {import('./daop.d.ts').ConnectOptions} options
  * @returns {Promise<DaopContext>}
  */
-export async function connect({ url, deviceId, username, password, timeoutMs = 30000, owner }) {
+export async function connect({ url, deviceId, username, password, timeoutMs = 30000, owner, ...contextOptions }) {
   if (!ID_RE.test(deviceId ?? '')) throw new TypeError(`deviceId must be 1 to 64 of A-Z a-z 0-9 _ -, not ${deviceId}`);
   if (owner !== undefined && !ID_RE.test(owner)) {
     throw new TypeError(`owner must be 1 to 64 of A-Z a-z 0-9 _ -, not ${owner}`);
   }
+  new QoSContext(contextOptions); // a bad deviceType, powerPreference or accelerated: a TypeError, before connecting
   const clientId = `daop-web-${randomHex(8)}`;
   const client = mqtt.connect(url, {
     protocolVersion: 5, clientId, username, password, clean: true, reconnectPeriod: 1000,
@@ -88,7 +59,7 @@ export async function connect({ url, deviceId, username, password, timeoutMs = 3
       client.on('error', onError);
       client.on('close', onClose);
     });
-    const context = new DaopContext(client, deviceId, clientId, timeoutMs, owner);
+    const context = new DaopContext(client, deviceId, clientId, timeoutMs, owner, contextOptions);
     let timer;
     const status = new Promise((resolve) => {
       context.addEventListener('statuschange', resolve, { once: true });
@@ -109,15 +80,14 @@ export async function connect({ url, deviceId, username, password, timeoutMs = 3
  * or its broker cannot be reached (the connection is retried every second); a `statuschange` event says when
  * it changes.
  */
-export class DaopContext extends EventTarget {
+export class DaopContext extends QoSContext {
   #client;
   #pending = new Map(); // correlation -> {resolve, reject, timer}
-  #monitors = new Map(); // id -> QoSMonitor
   #timeoutMs;
   #onPageHide;
 
-  constructor(client, deviceId, clientId, timeoutMs, owner) {
-    super();
+  constructor(client, deviceId, clientId, timeoutMs, owner, contextOptions = {}) {
+    super(contextOptions);
     this.#client = client;
     this.deviceId = deviceId;
     /** The client scope asked under (docs/mqtt.md "Owners"); undefined: the shared, unscoped topics. */
@@ -130,7 +100,7 @@ export class DaopContext extends EventTarget {
     client.on('close', () => this.#setOnline(false)); // the broker is gone: so is the agent, as far as we know
     client.on('error', () => {}); // a failed reconnect: 'close' said it, and the client retries every second
     this.#onPageHide = () => {
-      for (const id of this.#monitors.keys()) this.#publish('monitors/delete', { monitor: id }).catch(() => {});
+      for (const id of this._monitors.keys()) this.#publish('monitors/delete', { monitor: id }).catch(() => {});
       client.stream?.uncork?.(); // mqtt.js sends on a later tick, which a page being unloaded never reaches
     };
     globalThis.addEventListener?.('pagehide', this.#onPageHide); // a closed tab leaves no monitor behind
@@ -197,8 +167,7 @@ export class DaopContext extends EventTarget {
       this.#setOnline(doc?.state === 'online');
     } else {
       const match = /\/monitors\/([^/]+)\/(state|events)$/.exec(topic);
-      const monitor = match && this.#monitors.get(match[1]);
-      if (monitor && doc) monitor._message(doc, packet.retain);
+      if (match && doc) this._monitorMessage(match[1], doc, packet.retain);
     }
   }
 
@@ -208,61 +177,18 @@ export class DaopContext extends EventTarget {
     this.dispatchEvent(new Event('statuschange'));
   }
 
-  /**
-   * The tier of one inference of `graph` on this device, now.
-   * @param {import('./daop.d.ts').Graph} graph
-   * @param {import('./daop.d.ts').RequestOptions} [options]
-   * @returns {Promise<import('./daop.d.ts').Tier>}
-   */
-  async estimateQoS(graph, { inputs } = {}) {
-    return (await this._request('estimate', { ...modelFields(graph), ...inputFields(inputs) })).performanceTier;
+  _watch(id) {
+    return this._subscribe([this._scoped(`monitors/${id}/state`), this._scoped(`monitors/${id}/events`)]);
   }
 
-  /**
-   * Whether `graph` runs within `tier` (or better) on this device, now.
-   * @param {import('./daop.d.ts').Graph} graph
-   * @param {import('./daop.d.ts').Tier} tier
-   * @param {import('./daop.d.ts').RequestOptions} [options]
-   * @returns {Promise<boolean>}
-   */
-  async meetsRequirement(graph, tier, { inputs } = {}) {
-    const body = { ...modelFields(graph), ...inputFields(inputs), requiredTier: tier };
-    return (await this._request('meets', body)).meetsRequirement;
-  }
-
-  /**
-   * A monitor the agent keeps true to the device: `meetsRequirement`, and a `change` event when it changes.
-   * @param {import('./daop.d.ts').Graph} graph
-   * @param {import('./daop.d.ts').Tier} tier
-   * @param {import('./daop.d.ts').MonitorOptions} [options]
-   * @returns {Promise<QoSMonitor>}
-   */
-  async createQoSMonitor(graph, tier, { inputs, monitor: id = randomHex(8) } = {}) {
-    const body = { ...modelFields(graph), ...inputFields(inputs), requiredTier: tier, monitor: id };
-    if (this.#monitors.has(id)) throw new DaopError('bad_monitor_id', `monitor ${id} is already open here`);
-    const monitor = new QoSMonitor(this, id, tier);
-    this.#monitors.set(id, monitor);
-    try {
-      // Subscribe first, so that no change between the answer and the subscription is missed.
-      await this._subscribe([this._scoped(`monitors/${id}/state`), this._scoped(`monitors/${id}/events`)]);
-      monitor._created((await this._request('monitors/create', body)).meetsRequirement);
-    } catch (err) {
-      this._forget(id);
-      throw err;
-    }
-    return monitor;
-  }
-
-  _forget(id) {
-    if (this.#monitors.delete(id)) {
-      this.#client.unsubscribe([this._scoped(`monitors/${id}/state`), this._scoped(`monitors/${id}/events`)]);
-    }
+  _unwatch(id) {
+    this.#client.unsubscribe([this._scoped(`monitors/${id}/state`), this._scoped(`monitors/${id}/events`)]);
   }
 
   /** Delete this context's monitors on the agent, then disconnect. */
   async close() {
     globalThis.removeEventListener?.('pagehide', this.#onPageHide);
-    await Promise.allSettled([...this.#monitors.values()].map((m) => m.close()));
+    await Promise.allSettled([...this._monitors.values()].map((m) => m.close()));
     for (const correlation of [...this.#pending.keys()]) {
       this.#settle(correlation, null, new DaopError('closed', 'the connection was closed'));
     }
@@ -271,53 +197,13 @@ export class DaopContext extends EventTarget {
 }
 
 /**
- * A monitor registered with the agent. `meetsRequirement` is always the latest value; `change` events
- * (and `onchange`) fire when it changes, with `event.detail = {meetsRequirement, seq, ts}`.
+ * navigator.ml's part that DAOP needs, answered by the agent behind `connectOptions` (connect()'s): the
+ * explainer's `const context = await navigator.ml.createContext({deviceType: 'npu'})` is
+ * `await createML(connectOptions).createContext({deviceType: 'npu'})`.
  */
-export class QoSMonitor extends EventTarget {
-  #context;
-  #seq = -1;
-  #answered = false;
-  #closed = false;
-
-  constructor(context, id, tier) {
-    super();
-    this.#context = context;
-    this.id = id;
-    this.requiredTier = tier;
-    /** @type {boolean} */
-    this.meetsRequirement = false;
-    /** @type {((event: CustomEvent) => void) | null} */
-    this.onchange = null;
-    this.addEventListener('change', (event) => this.onchange?.call(this, event));
-  }
-
-  _created(meets) {
-    this.#answered = true;
-    if (this.#seq < 0) this.meetsRequirement = meets; // else a live state or event already told a newer value
-  }
-
-  _message(doc, retained) {
-    // Before the create answer, a retained state is a previous monitor's with this id: not ours yet.
-    if (this.#closed || (!this.#answered && retained) || typeof doc.meetsRequirement !== 'boolean') return;
-    if (typeof doc.seq !== 'number' || doc.seq <= this.#seq) return; // QoS 1 duplicates, state after event
-    this.#seq = doc.seq;
-    if (doc.meetsRequirement === this.meetsRequirement) return;
-    this.meetsRequirement = doc.meetsRequirement;
-    if (this.#answered) {
-      this.dispatchEvent(new CustomEvent('change', { detail: { meetsRequirement: doc.meetsRequirement, seq: doc.seq, ts: doc.ts ?? null } }));
-    }
-  }
-
-  /** Delete the monitor on the agent; no more events. */
-  async close() {
-    if (this.#closed) return;
-    this.#closed = true;
-    this.#context._forget(this.id);
-    try {
-      await this.#context._request('monitors/delete', { monitor: this.id });
-    } catch (err) {
-      if (err.code !== 'unknown_monitor') throw err; // already gone is what close() wants
-    }
-  }
+export function createML(connectOptions) {
+  return Object.freeze({
+    /** @param {{deviceType?: string, powerPreference?: string, accelerated?: boolean}} [options] */
+    createContext: (options = {}) => connect({ ...connectOptions, ...options }),
+  });
 }

@@ -29,11 +29,13 @@ import onnx
 
 from monitors.errors import GraphError
 from monitors.graphs.limits import Limits
+from monitors.graphs.rebind import lower_and_bind, resized
 from monitors.graphs.shapes import bind_and_infer
 from monitors.graphs.webnn_ops import (
     MAX_INLINE_ELEMENTS,
     OPS,
     ConstDecl,
+    GraphDecl,
     InputDecl,
     Lowering,
     NodeDecl,
@@ -76,6 +78,7 @@ class GraphBuilder:
         self.name = name
         self.limits = limits
         self._L = Lowering(limits)
+        self._decl = GraphDecl(name)  # what was built, to build again where input descriptors resize it
         self._calls = 0
 
     # graph inputs and constants ---------------------------------------------
@@ -84,7 +87,9 @@ class GraphBuilder:
         """A graph input; a dimension given as a string stays symbolic (bound at build)."""
         check_name(name, "input", "input name")
         dtype, dims = self._descriptor(descriptor, f"input '{name}'", static=False)
-        self._L.declare_input(InputDecl(name, dtype, dims, f"input '{name}'"))
+        decl = InputDecl(name, dtype, dims, f"input '{name}'")
+        self._L.declare_input(decl)
+        self._decl.inputs.append(decl)
         return Operand(name, self)
 
     def constant(self, *args: Any, label: str | None = None) -> Operand:
@@ -99,6 +104,8 @@ class GraphBuilder:
             desc, values = {"dataType": args[0], "shape": []}, args[1]
         else:
             raise GraphError("constant takes (descriptor), (descriptor, values), (value) or (dataType, value)")
+        if label is None:  # the explainer's weightless constant: {shape, dataType, label}
+            label = desc.get("label")
         if label is not None:
             check_name(label, "constant", "label")
         name = self._name(label or "constant")
@@ -121,6 +128,7 @@ class GraphBuilder:
                 raise GraphError(f"{where}: more than {MAX_INLINE_ELEMENTS} values; give a descriptor only")
             decl = ConstDecl(name, dtype, dims, "values", flat.tolist(), where)
         self._L.declare_const(decl)
+        self._decl.consts.append(decl)
         return Operand(name, self)
 
     # operators ------------------------------------------------------------------
@@ -166,6 +174,7 @@ class GraphBuilder:
         for o in outs:
             self._L.claim(o, where)
         spec.lower(self._L, call)
+        self._decl.nodes.append(node)
         result = [Operand(o, self) for o in outs]
         return result if spec.multi_output else result[0]
 
@@ -180,8 +189,14 @@ class GraphBuilder:
         return assemble(self._L, self.name, outs)
 
     def build(self, outputs: Mapping[str, Operand], inputs: Mapping[str, InputSpec] | None = None) -> Graph:
-        """The estimator's Graph: weightless ONNX with every shape inferred, symbols bound from `inputs`."""
-        return bind_and_infer(self.to_onnx(outputs), inputs, self.limits, name=self.name)
+        """The estimator's Graph: weightless ONNX with every shape inferred, symbols bound from `inputs`; an
+        input that `inputs` gives other sizes than it was built with is built again at those sizes."""
+        model = self.to_onnx(outputs)
+        if not resized(self._decl, inputs or {})[1]:
+            return bind_and_infer(model, inputs, self.limits, name=self.name)
+        outs = [(k, v.name, f"output '{k}'") for k, v in outputs.items()]
+        return lower_and_bind(GraphDecl(self.name, self._decl.inputs, self._decl.consts, self._decl.nodes, outs),
+                              inputs, self.limits, self.name)
 
     # helpers ----------------------------------------------------------------------
 
@@ -201,9 +216,11 @@ class GraphBuilder:
     def _descriptor(self, desc: Any, where: str, static: bool) -> tuple[str, list]:
         if not isinstance(desc, Mapping):
             raise GraphError(f"{where}: a descriptor is {{'dataType': ..., 'shape': [...]}}")
-        unknown = set(desc) - {"dataType", "shape", "dimensions", "type"}
+        unknown = set(desc) - {"dataType", "shape", "dimensions", "type", "label"}
         if unknown:
             raise GraphError(f"{where}: unknown descriptor key '{sorted(unknown)[0]}'")
+        if "label" in desc:
+            check_name(desc["label"], where, "label")
         try:
             dtype = parse_dtype(desc.get("dataType", desc.get("type")))
         except ValueError as e:

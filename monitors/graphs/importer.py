@@ -25,6 +25,7 @@ from monitors.graphs.decoder import Decoder, find_decoder, read_genai_config
 from monitors.graphs.graph import DTYPE_CODES, Graph, InputSpec
 from monitors.graphs.limits import Limits
 from monitors.graphs.onnx_import import read_weightless
+from monitors.graphs.rebind import lower_and_bind
 from monitors.graphs.shapes import bind_and_infer
 
 FORMATS = {".onnx": "onnx", ".webnn": "webnn", ".json": "json"}
@@ -133,12 +134,12 @@ def _parse_json(text: str, label: str) -> Any:
 
 
 def _from_webnn_text(text: str, inputs: Mapping[str, InputSpec] | None, limits: Limits, name: str) -> Graph:
-    return bind_and_infer(webnn_text.to_onnx(text, limits), inputs, limits, name)
+    return lower_and_bind(webnn_text.parse(text, limits), inputs, limits, name)
 
 
 def _from_webnn_json(obj: Mapping[str, Any], inputs: Mapping[str, InputSpec] | None, limits: Limits,
                      name: str) -> Graph:
-    return bind_and_infer(webnn_json.to_onnx(obj, limits), inputs, limits, name)
+    return lower_and_bind(webnn_json.parse(obj, limits), inputs, limits, name)
 
 
 _DIMS = re.compile(r"^\d+([x,]\d+)*$")

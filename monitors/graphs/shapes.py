@@ -12,14 +12,14 @@ import heapq
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnx.inliner
 import onnx.numpy_helper
 
-from monitors.errors import GraphError
+from monitors.errors import GraphError, InputsError, LimitExceeded, UnboundInput
 from monitors.graphs import contrib_shapes
 from monitors.graphs.graph import DTYPE_NAMES, Graph, InputSpec, TensorInfo
 from monitors.graphs.limits import Limits
@@ -272,7 +272,7 @@ def _bind_inputs(graph: onnx.GraphProto, inputs: Mapping[str, InputSpec], limits
     names = [i.name for i in feeds]
     for name in inputs:
         if name not in names:
-            raise GraphError(f"model has no input '{name}'; its inputs are: {', '.join(names) or '(none)'}")
+            raise InputsError(f"model has no input '{name}'; its inputs are: {', '.join(names) or '(none)'}")
     for value in feeds:
         name = value.name
         if value.type.WhichOneof("value") != "tensor_type":
@@ -284,34 +284,58 @@ def _bind_inputs(graph: onnx.GraphProto, inputs: Mapping[str, InputSpec], limits
         spec = inputs.get(name)
         if spec is None:
             if declared is None:
-                raise GraphError(f"input '{name}' has no declared shape; pass --input {name}=DIMS")
+                raise UnboundInput(f"input '{name}' has no declared shape: give its shape in the inputs",
+                                   cli_hint=f"pass --input {name}=DIMS")
             shape = []
             for d in declared:
                 if not isinstance(d, int):
                     what = f"symbolic dimension '{d}'" if isinstance(d, str) else "an unknown dimension"
-                    raise GraphError(f"input '{name}' has {what}; pass --input {name}={_dims_text(declared)}")
+                    raise UnboundInput(f"input '{name}' has {what} (shape {_show(declared)}): give its shape in "
+                                       "the inputs", cli_hint=f"pass --input {name}={_dims_text(declared)}")
                 shape.append(d)
         else:
             shape = list(spec.shape)
             if spec.dtype is not None and spec.dtype != DTYPE_NAMES[elem_type]:
-                raise GraphError(f"input '{name}' is {DTYPE_NAMES[elem_type]} in the model, not {spec.dtype}")
-            if declared is not None:
-                if len(declared) != len(shape):
-                    raise GraphError(f"input '{name}' has rank {len(declared)} ({_show(declared)}), "
-                                     f"but the binding gives {len(shape)} dimensions ({_show(shape)})")
-                for axis, (d, s) in enumerate(zip(declared, shape, strict=True)):
-                    if isinstance(d, int) and d != s:
-                        raise GraphError(f"input '{name}' has dimension {axis} fixed at {d} ({_show(declared)}), "
-                                         f"but the binding gives {s}")
+                raise InputsError(f"input '{name}' is {DTYPE_NAMES[elem_type]} in the model, not {spec.dtype}")
+            if declared is not None and len(declared) != len(shape):
+                raise InputsError(f"input '{name}' has rank {len(declared)} ({_show(declared)}), "
+                                  f"but the binding gives {len(shape)} dimensions ({_show(shape)})")
         for d in shape:
             if not isinstance(d, int) or d < 0:
-                raise GraphError(f"input '{name}' has invalid dimension {d} in shape {_show(shape)}; "
-                                 "dimensions must be non-negative (0 for an empty cache)")
+                raise InputsError(f"input '{name}' has invalid dimension {d} in shape {_show(shape)}; "
+                                  "dimensions must be non-negative (0 for an empty cache)")
         limits.check_shape(f"input {name}", shape)
         tensor_shape = value.type.tensor_type.shape
         tensor_shape.ClearField("dim")
         for d in shape:
             tensor_shape.dim.add().dim_value = d
+
+
+def _rebind_fixed(graph: onnx.GraphProto, inputs: Mapping[str, InputSpec]) -> dict[str, InputSpec]:
+    """Declare each input that a binding gives other sizes than the model fixed at those sizes, as a runtime
+    would take the model built at one resolution and run at another; the shapes are inferred again from there.
+    Returns, for each one re-declared, the binding that keeps the model as built (its fixed dimensions, the
+    binding's for its symbolic ones), to tell a graph that cannot take the new sizes from one broken anyway."""
+    as_built: dict[str, InputSpec] = {}
+    for value in real_inputs(graph):
+        spec = inputs.get(value.name)
+        declared = _declared_dims(value) if value.type.HasField("tensor_type") else None
+        if spec is None or declared is None or len(declared) != len(spec.shape):
+            continue  # the binding checks say what is wrong with these
+        if all(not isinstance(d, int) or d == s for d, s in zip(declared, spec.shape, strict=True)):
+            continue
+        as_built[value.name] = InputSpec(tuple(d if isinstance(d, int) else s
+                                               for d, s in zip(declared, spec.shape, strict=True)), spec.dtype)
+        tensor_shape = value.type.tensor_type.shape
+        for dim, s in zip(tensor_shape.dim, spec.shape, strict=True):
+            if dim.HasField("dim_value") and dim.dim_value != s:
+                dim.dim_value = s
+    return as_built
+
+
+def rebound_text(name: str, built: Sequence[int | str | None], given: Sequence[int]) -> str:
+    """How an input was re-bound, for the error that says the graph cannot take it."""
+    return f"input '{name}' at {_show(given)} (built at {_show(built)})"
 
 
 def _show(dims: Iterable[int | str | None]) -> str:
@@ -899,7 +923,14 @@ def _constant_names(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -
 
 def bind_and_infer(model: onnx.ModelProto, inputs: Mapping[str, InputSpec] | None, limits: Limits,
                    name: str = "") -> Graph:
-    """A Graph whose every tensor has a concrete shape, with `inputs` binding the symbolic dimensions."""
+    """A Graph whose every tensor has a concrete shape, with `inputs` binding the symbolic dimensions.
+
+    A binding may also give other sizes than the model fixed (a model built at 224x224, asked about 720x1280):
+    the model is taken as built at those sizes. Where the graph cannot take them (a Reshape to a fixed size, a
+    MatMul whose sizes no longer agree), that is one InputsError naming the node.
+    """
+    inputs = inputs or {}
+    original = model
     model = _copy(model)
     opset = _default_opset(model)
     _count_nodes(model.graph, limits)
@@ -914,8 +945,34 @@ def bind_and_infer(model: onnx.ModelProto, inputs: Mapping[str, InputSpec] | Non
     _check_operators(model, opset)
     _check_declared_tensors(model, limits)
     _sort_graph(model.graph, set(), "")
+    as_built = _rebind_fixed(model.graph, inputs)
     static = _declared_static(model)
-    _bind_inputs(model.graph, inputs or {}, limits)
+    if not as_built:
+        return _bind_and_infer(model, inputs, limits, name, opset, static)
+    return blame_bindings(lambda: _bind_and_infer(model, inputs, limits, name, opset, static),
+                          lambda: bind_and_infer(original, {**inputs, **as_built}, limits, name), inputs, as_built)
+
+
+def blame_bindings(resized: Callable[[], Graph], built: Callable[[], Graph], inputs: Mapping[str, InputSpec],
+                   as_built: Mapping[str, InputSpec]) -> Graph:
+    """`resized()`, the graph at the bindings' sizes; where it fails, `built()` tells whose fault it is: a graph
+    that works as it was built but not at the new sizes is an InputsError naming the node, else the graph's."""
+    try:
+        return resized()
+    except (LimitExceeded, InputsError):
+        raise
+    except GraphError as exc:
+        try:
+            built()
+        except GraphError:
+            raise exc from None
+        what = ", ".join(rebound_text(n, spec.shape, inputs[n].shape) for n, spec in as_built.items())
+        raise InputsError(f"the graph cannot take {what}: {exc}") from None
+
+
+def _bind_and_infer(model: onnx.ModelProto, inputs: Mapping[str, InputSpec], limits: Limits, name: str,
+                    opset: int, static: frozenset[str] | None) -> Graph:
+    _bind_inputs(model.graph, inputs, limits)
     # The exporter's shape hints may carry stale symbolic or wrong dims; they are inferred anew.
     del model.graph.value_info[:]
     for output in model.graph.output:
@@ -928,9 +985,28 @@ def bind_and_infer(model: onnx.ModelProto, inputs: Mapping[str, InputSpec] | Non
     _collect_tensors(inferred.graph, limits, tensors, main=True)
     for tensor_name, info in tensors.items():
         limits.check_shape(tensor_name, info.shape)
+    _check_sizes(inferred.graph, tensors)
     limits.check_flops(total_flops(inferred.graph, tensors))
     constants = _constant_names(inferred, tensors)
     return Graph(inferred, tensors, constants, name or inferred.graph.name, static)
+
+
+def _check_sizes(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> None:
+    """What onnx's shape inference lets through: a Reshape must keep its element count (a fixed target shape is
+    taken as it is), and a Conv's input must have the channels its weights take."""
+    for index, node in enumerate(graph.node):
+        if node.domain not in _ONNX_DOMAINS or len(node.input) < 2 or not node.output:
+            continue
+        x, y = tensors.get(node.input[0]), tensors.get(node.output[0])
+        if node.op_type == "Reshape" and x is not None and y is not None and math.prod(x.shape) != math.prod(y.shape):
+            raise GraphError(f"{_describe(node, index)} reshapes {_show(x.shape)} ({math.prod(x.shape)} elements) "
+                             f"to {_show(y.shape)} ({math.prod(y.shape)} elements)")
+        w = tensors.get(node.input[1])
+        if node.op_type == "Conv" and x is not None and w is not None and len(x.shape) >= 2 and len(w.shape) >= 2:
+            group = _attr_int(node, "group", 1) or 1
+            if x.shape[1] != w.shape[1] * group:
+                raise GraphError(f"{_describe(node, index)} takes {w.shape[1] * group} input channels (weights "
+                                 f"{_show(w.shape)}, group {group}), not the {x.shape[1]} of {_show(x.shape)}")
 
 
 def _declared_static(model: onnx.ModelProto) -> frozenset[str] | None:

@@ -104,7 +104,7 @@ def parse(obj: object, limits: Limits | None = None) -> GraphDecl:
         where = f"inputs[{show(key)}]"
         _name(key, where)
         desc = _dict(desc, where)
-        _keys(desc, {"dataType", "shape"}, where)
+        _keys(desc, {"dataType", "shape", "label"}, where)
         g.inputs.append(InputDecl(key, _dtype(desc.get("dataType"), f"{where}.dataType"),
                                   _shape(desc.get("shape"), f"{where}.shape", static=False), where))
 
@@ -112,10 +112,11 @@ def parse(obj: object, limits: Limits | None = None) -> GraphDecl:
         where = f"consts[{show(key)}]"
         _name(key, where)
         desc = _dict(desc, where)
-        _keys(desc, {"dataType", "shape", "init"}, where)
+        _keys(desc, {"dataType", "shape", "init", "label"}, where)
         dtype = _dtype(desc.get("dataType"), f"{where}.dataType")
         dims = _static_shape(desc.get("shape"), f"{where}.shape")
-        init = _dict(desc.get("init", {"kind": "weights", "ref": key}), f"{where}.init")
+        label = _name(desc["label"], f"{where}.label") if "label" in desc else key  # the explainer's late binding
+        init = _dict(desc.get("init", {"kind": "weights", "ref": label}), f"{where}.init")
         kind = init.get("kind")
         if kind == "weights":
             _keys(init, {"kind", "ref"}, f"{where}.init")

@@ -446,6 +446,11 @@ class DaopClient:
         return await self._create({"workloads": [w.fields() for w in workloads], **(context or Context()).fields()},
                                   monitor)
 
+    async def create_from_body(self, body: dict[str, Any], monitor: str | None = None) -> Monitor:
+        """Register a monitor from a request body as the wire carries it (a bridge's: the browser extension's host),
+        its events subscribed first."""
+        return await self._create(body, monitor)
+
     async def _create(self, body: dict[str, Any], monitor: str | None) -> Monitor:
         monitor = monitor or secrets.token_hex(8)
         client = await self._ready(asyncio.get_running_loop().time() + self.timeout_s)
