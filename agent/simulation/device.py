@@ -12,6 +12,7 @@ from agent.simulation.load import Load
 from agent.simulation.nvml import NVML_ERROR_GPU_IS_LOST, NVML_FUNCTIONS, NvmlStandin, StandinGpu
 from agent.simulation.scenario import BATTERY_KEYS, CPUFREQ_KEYS, Scenario
 from agent.simulation.trees import BUILDERS, write_atomic
+from monitors.errors import BadInput
 from monitors.speed.prediction import contention_factor
 from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, WarmRefresh
 from probes.state import Sampler
@@ -37,16 +38,21 @@ class SimulatedDevice:
 
     def __init__(self, root: Path, scenario: Scenario) -> None:
         self.profile = scenario.device
-        self.cores = os.cpu_count() or 1  # the real CPUs: the load and the benchmarks run on them
+        host = sorted(os.sched_getaffinity(0))
+        self.cores = scenario.cores or len(host)
+        if self.cores > len(host):
+            raise BadInput(f"the scenario's device has {self.cores} CPUs; this host has only {len(host)} to give it")
+        self.cpus = host[:self.cores]  # the real CPUs its load and its apps run on (pinned)
         self.tree = BUILDERS[self.profile](root, cores=self.cores)
         self.sys, self.proc = self.tree.sys, self.tree.proc
         self.cpu_max_mhz = scenario.cpu_max_mhz
         self.nvml = NvmlStandin([StandinGpu(name="Simulated GPU", total=GPU_TOTAL_MB * MiB)]) if scenario.gpu else None
-        self.load = Load()
+        self.load = Load(cpus=self.cpus)
         self.apps: list[AppProcess] = []  # real app processes, started and stopped by the runner
         self.app_cores = 0.0  # the cores they used over the last /proc update
         self._app_runnable = 0.0  # dithering: their runnable share, as whole tasks in procs_running
-        self.slowdown_file = root / "app-slowdown"  # what the apps emulate: the capped clock, a hidden slowdown
+        self.scale_file = root / "app-scale"  # what the apps emulate: the device's speed, its clock, a hidden slowdown
+        self.app_speed = 1.0  # an app's run on the device at rest over the same run on the host (DeviceSpeed)
         self.hidden_slowdown = 1.0
         self.conditions: dict[str, Any] = {"busy": 0, "memory_mb": 0, "steal": 0.0}
         self._ticks = {"busy": 0, "idle": 0, "steal": 0}
@@ -110,7 +116,7 @@ class SimulatedDevice:
         if "memory_mb" in conditions and int(c["memory_mb"]) != self.load.held_mb:
             self.load.set_memory(int(c["memory_mb"]))
             self.update_proc()
-        self.update_slowdown()
+        self.update_scale()
 
     def start_app(self, app: AppProcess) -> None:
         """A real app on this device: its CPU is the device's load, and its process can be read under /proc."""
@@ -122,9 +128,10 @@ class SimulatedDevice:
         self.apps.remove(app)
         (self.proc / str(app.pid)).unlink(missing_ok=True)
 
-    def update_slowdown(self) -> None:
-        """What the apps' runs must take beyond the real CPU's: the capped clock, and any hidden slowdown."""
-        write_atomic(self.slowdown_file, f"{self.hidden_slowdown / self.clock_ratio:.4f}".encode())
+    def update_scale(self) -> None:
+        """How long the apps' runs take on the device against the real CPU: its own speed, the capped clock, and
+        any hidden slowdown (agent/simulation/app.py)."""
+        write_atomic(self.scale_file, f"{self.app_speed * self.hidden_slowdown / self.clock_ratio:.4f}".encode())
 
     def update_proc(self) -> None:
         """/proc/stat, /proc/meminfo and PSI from the real load, the apps and the simulated steal time."""

@@ -27,6 +27,7 @@ from agent.simulation.device import (
 )
 from agent.simulation.report import Outcome, Timeline, _seen, check
 from agent.simulation.scenario import MonitorSpec, Scenario
+from agent.simulation.speed import Scales, scaled, scales
 from daop_client import DaopClient, DaopError, Monitor
 from daop_client import Workload as Member
 from monitors.errors import BadInput
@@ -34,18 +35,20 @@ from monitors.speed.present import speed_from_state
 from probes.refresh import WarmRefresh
 
 
-def prepare_state_dir(state_dir: Path, calibration_from: Path, bench: WarmRefresh,
-                      announce: Any = sys.stderr) -> dict[str, float]:
-    """The agent's private state dir: the CPU calibration of this host, with a reference refresh taken now
-    by `bench`, which is returned (the simulated device at rest, see SimulatedRefresh)."""
+def prepare_state_dir(state_dir: Path, calibration_from: Path, bench: WarmRefresh, scenario: Scenario,
+                      device: SimulatedDevice, announce: Any = sys.stderr) -> tuple[dict[str, float], Scales]:
+    """The agent's private state dir: the CPU calibration of this host scaled to the simulated device's speed,
+    with a reference refresh taken now by `bench` (the simulated device at rest, see SimulatedRefresh).
+    Returns that reference and the device's scales against the host."""
     cal = calibration_store.load(calibration_from, "cpu")
     if cal is None:
         if announce is not None:
             print(f"daop-agent: no CPU calibration in {calibration_from}: calibrating now (quick)...", file=announce)
         cal = calibration_store.run_calibration(calibration_from, "cpu", quick=True)
+    device_scales = scales(scenario.speed, cal, device.cpus, bool(scenario.apps))
     reference = bench.reference()
-    calibration_store.save(state_dir, replace(cal, refresh_reference=reference))
-    return reference
+    calibration_store.save(state_dir, replace(scaled(cal, device_scales.calibration), refresh_reference=reference))
+    return reference, device_scales
 
 
 Emit = Callable[[dict[str, Any]], None]
@@ -68,7 +71,10 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
             state_dir = tmp / "state"
             state_dir.mkdir(mode=0o700)
             bench = await asyncio.to_thread(simulated_probe)
-            reference = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from, bench)
+            reference, device_scales = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from, bench,
+                                                               scenario, device)
+            device.app_speed = device_scales.apps
+            device.update_scale()
             if broker is None:
                 private = LocalBroker(tmp, free_port())
                 private.start()
@@ -96,7 +102,8 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
                     raise BadInput("the agent's estimator did not start within 120 s")
                 await asyncio.sleep(0.05)
             emit({"kind": "start", "scenario": scenario.name, "device": scenario.device, "gpu": scenario.gpu,
-                  "broker": cfg.broker.url, "device_id": device_id, "duration_s": scenario.duration_s / speed})
+                  "cores": device.cores, "broker": cfg.broker.url, "device_id": device_id,
+                  "duration_s": scenario.duration_s / speed, **_speed_record(scenario, device_scales)})
             return await _drive(scenario, device, DaopClient(broker, device_id, timeout_s=60), emit, speed,
                                 status_every_s, agent, agent_task)
         finally:
@@ -244,6 +251,19 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
     return outcome
 
 
+def _speed_record(scenario: Scenario, s: Scales) -> dict[str, Any]:
+    """The start record's account of the device's speed against the host's (local output: figures)."""
+    if scenario.speed is None:
+        return {"speed": None}
+    ref = scenario.speed
+    return {"speed": {"reference": ref.model.name, "inputs": {k: "x".join(map(str, v.shape)) for k, v in
+                                                              ref.inputs.items()},
+                      "at_rest_ms": ref.at_rest_ms, "host_estimate_ms": round(s.host_estimate_ms or 0.0, 2),
+                      "calibration_scale": round(s.calibration, 3),
+                      **({"host_run_ms": round(s.host_run_ms, 2), "apps_scale": round(s.apps, 3)}
+                         if s.host_run_ms else {})}}
+
+
 async def _register(daop: DaopClient, spec: MonitorSpec) -> Monitor:
     if not spec.group:
         w = spec.workloads[0]
@@ -259,8 +279,8 @@ async def _start_app(scenario: Scenario, k: int, device: SimulatedDevice, monito
     monitor = next(m for m in scenario.monitors if m.id == spec.monitor)
     workloads = [Workload(w.name, w.model, w.inputs, spec.rates[w.name]) for w in monitor.workloads]
     device.hidden_slowdown = spec.hidden_slowdown
-    device.update_slowdown()
-    app = AppProcess(workloads, device.slowdown_file)
+    device.update_scale()
+    app = AppProcess(workloads, device.scale_file, device.cpus)
     device.start_app(app)  # its process is on the device (under /proc) from now: the agent can look it up
     if spec.declare and spec.monitor in monitors:
         rate = spec.rates[""] if list(spec.rates) == [""] else None
@@ -279,7 +299,7 @@ async def _stop_app(scenario: Scenario, k: int, app: AppProcess, device: Simulat
         except DaopError:
             pass
     device.hidden_slowdown = 1.0
-    device.update_slowdown()
+    device.update_scale()
 
 
 async def _clear_status(broker: Any, topic: str) -> None:
