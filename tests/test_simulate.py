@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from models import weightless_mlp
 
 from agent import calibration_store
 from agent.simulation.device import SimulatedDevice, SimulatedRefresh
+from agent.simulation.load import Load, cpu_ticks
 from agent.simulation.report import Timeline, agreement, check
 from agent.simulation.runner import run_scenario
 from agent.simulation.scenario import Expectation, MonitorSpec, WorkloadSpec, load_scenario, parse_scenario
@@ -182,6 +184,32 @@ def test_simulated_proc_stat_counts_real_busy_processes_and_steal(tmp_path):
         device.apply({"busy": 0})
         assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
                    for pid in pids)
+    finally:
+        device.close()
+
+
+def test_simulated_proc_stat_leaves_the_host_s_other_tenants_out(tmp_path):
+    """A device of one CPU, whose busy process shares that host CPU with a tenant of the host (a busy process
+    pinned there too, outside the device): the process gets about half of the CPU, and the device's /proc shows
+    the whole CPU it would have kept busy alone."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    s = parse_scenario(scenario_text(device="vm", extra="cores = 1"), REPO)
+    device = SimulatedDevice(tmp_path / "dev", s)
+    try:
+        assert device.cpus == [cpu] and "cpu1 " not in (device.proc / "stat").read_text()
+        with Load(cpus=[cpu]) as tenant:
+            tenant.set_busy(1)
+            device.apply({"busy": 1})
+            sampler = Sampler(device.sys, device.proc, ppd=False, gpus=False)
+            sampler.sample()
+            real = cpu_ticks(device.load.busy[0].pid)
+            for _ in range(10):
+                time.sleep(0.1)
+                device.update_proc()
+            got = (cpu_ticks(device.load.busy[0].pid) - real) / os.sysconf("SC_CLK_TCK")
+            state = sampler.sample()
+        assert got < 0.8  # it shared the CPU ...
+        assert state.cpu.others_busy_cores >= 0.7  # ... and the device shows about the CPU it would have kept busy
     finally:
         device.close()
 

@@ -29,12 +29,17 @@ def failures(outcome) -> list[str]:
     return [f"{e.describe()}: {seen}" for e, ok, seen in outcome.results if not ok]
 
 
-def laptop(name: str, duration_s: float) -> str:
-    """A scenario's head: the laptop fixture at rest, plugged in, sampled every half second."""
+def laptop(name: str, duration_s: float, reference: str, at_rest_ms: float) -> str:
+    """A scenario's head: the laptop fixture of 2 CPUs at rest, plugged in, sampled every half second, on which
+    `reference` takes `at_rest_ms` (so the app's runs are the device's, whatever this host's speed and load)."""
     return f"""name = "{name}"
 device = "laptop"
 duration_s = {duration_s}
 sample_interval_s = 0.5
+cores = 2
+[speed]
+model = "{reference}"
+at_rest_ms = {at_rest_ms}
 [initial]
 temp_c = 55
 plugged = true
@@ -54,7 +59,7 @@ def test_harness_a_30_fps_app_stays_met_for_a_minute_beside_its_own_run_and_a_ga
     false within two sample intervals, and it is met again once they stop."""
     blur = model(estimator, tmp_path, "blur", 12.0)
     text = f"""
-{laptop("30 fps beside a game", 84)}
+{laptop("30 fps beside a game", 84, blur, 12.0)}
 [[monitors]]
 id = "blur"
 model = "{blur}"
@@ -107,7 +112,7 @@ workloads = [
   {{ name = "captions", model = "{captions}", required_rate = 1 }},
 ]"""
     text = f"""
-{laptop("a call's group", 24)}
+{laptop("a call's group", 24, blur, 15.0)}
 {group(0, 30)}
 {group(12, 60)}
 [[apps]]
@@ -139,7 +144,7 @@ def test_harness_an_app_s_reports_correct_an_estimate_its_device_does_not_show(e
     frame = model(estimator, tmp_path, "frame", 10.0)
     deadline = 1.4 * 10.0
     text = f"""
-{laptop("learning from reports", 40)}
+{laptop("learning from reports", 40, frame, 10.0)}
 [[monitors]]
 id = "m"
 model = "{frame}"

@@ -168,6 +168,9 @@ def format_record(r: dict[str, Any]) -> str:
             parts.append("; ".join(s["notes"]))
         parts.append(f"slowdown x{r['agent_slowdown']:.2f}")
         for monitor, runs in r.get("apps", {}).items():
+            own = r.get("monitor_slowdown", {}).get(monitor)
+            if own is not None:  # its own run left out: what the agent prices the app's own monitor at
+                parts.append(f"{monitor} without its app x{own:.2f}")
             medians = [f"{k + ' ' if k else ''}{sorted(v)[len(v) // 2]:.1f} ms x{len(v)}" for k, v in runs.items() if v]
             if medians:
                 parts.append(f"app {monitor}: {', '.join(medians)}")

@@ -52,6 +52,10 @@ def prepare_state_dir(state_dir: Path, calibration_from: Path, bench: WarmRefres
 
 
 Emit = Callable[[dict[str, Any]], None]
+# How often the simulated /proc is rewritten. A kernel's counters move every tick; here they move in steps, and a
+# reader whose two files straddle a step sees one interval's share of a process in one and not in the other
+# (at a 0.5 s sample interval, a step of 0.1 s read an app's own run as a fifth smaller than its load).
+PROC_EVERY_S = 0.05
 
 
 async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = None, speed: float = 1.0,
@@ -155,7 +159,7 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
         async def ticker() -> None:
             while True:
                 await asyncio.to_thread(device.update_proc)
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(PROC_EVERY_S)
 
         def spawn(coro: Any) -> asyncio.Task[Any]:
             task = loop.create_task(coro)
@@ -220,6 +224,7 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
                       round(sp.cpu, 2), "agent_slowdown": round(agent.speed.speed.cpu, 2), "reasons": list(sp.reasons),
                       "tiers": dict(tiers), "apps": {m: runs[-1][1] for m, runs in timeline.runs.items() if runs},
                       "estimates_ms": agent.registry.estimates_ms(agent.speeds),
+                      "monitor_slowdown": _monitor_slowdowns(agent), "measured": _measured(agent),
                       "meets": {m: timeline.value_at(m, now()) for m in timeline.created}})
                 if tier_task is None or tier_task.done():
                     tier_task = spawn(poll_tiers())
@@ -249,6 +254,25 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
     emit({"kind": "result", "passed": outcome.passed,
           "failed": sum(1 for _, ok, _ in results if not ok), "total": len(results)})
     return outcome
+
+
+def _monitor_slowdowns(agent: Agent) -> dict[str, float]:
+    """The CPU slowdown each monitor is priced at (an app's own run left out of its own monitor's)."""
+    speeds = agent.speeds
+    out = {}
+    for monitor in agent.registry.records:
+        k = agent.registry.table.speed_class(monitor)
+        if k < len(speeds):
+            out[monitor] = round(speeds[k].cpu, 2)
+    return out
+
+
+def _measured(agent: Agent) -> dict[str, float | None] | None:
+    """The latest warm refresh's reading and the prediction of the state it was taken in."""
+    m = agent.speed.measurement
+    if m is None:
+        return None
+    return {"slowdown": None if m.slowdown is None else round(m.slowdown, 2), "predicted": round(m.predicted, 2)}
 
 
 def _speed_record(scenario: Scenario, s: Scales) -> dict[str, Any]:
