@@ -71,14 +71,14 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
         agent_task: asyncio.Task[int] | None = None
         agent: Agent | None = None
         try:
-            device.apply(scenario.initial)
             state_dir = tmp / "state"
             state_dir.mkdir(mode=0o700)
             bench = await asyncio.to_thread(simulated_probe)
+            # measured on the device at rest, before its [initial] load starts
             reference, device_scales = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from, bench,
                                                                scenario, device)
             device.app_speed = device_scales.apps
-            device.update_scale()
+            device.apply(scenario.initial)
             if broker is None:
                 private = LocalBroker(tmp, free_port())
                 private.start()
