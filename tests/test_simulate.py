@@ -214,6 +214,12 @@ def test_simulated_proc_stat_leaves_the_host_s_other_tenants_out(tmp_path):
         device.close()
 
 
+def test_a_device_with_more_cpus_than_the_host_gives_is_refused(tmp_path):
+    s = parse_scenario(scenario_text(extra=f"cores = {len(os.sched_getaffinity(0)) + 1}"), REPO)
+    with pytest.raises(BadInput, match="CPUs; this host has only"):
+        SimulatedDevice(tmp_path / "dev", s)
+
+
 def test_simulated_memory_pressure_holds_real_memory(tmp_path):
     s = parse_scenario(scenario_text(device="vm"), REPO)
     device = SimulatedDevice(tmp_path / "dev", s)
@@ -340,6 +346,10 @@ def test_every_shipped_scenario_runs_in_ci():
 def test_shipped_scenario_passes(name, calibrated_dir):
     outcome, records = simulate(REPO / "scenarios" / f"{name}.toml", calibrated_dir, SHIPPED_SPEEDS[name])
     assert outcome.passed, failed(outcome, records)
+    if name == "video-call":  # the app alone (t = 5 to 69) is no contention against its own monitor
+        own = sorted(r["monitor_slowdown"]["blur"] for r in records
+                     if r["kind"] == "status" and 5 <= r["t"] <= 69 and "blur" in r.get("monitor_slowdown", {}))
+        assert own and own[len(own) // 2] <= 1.2 and own[int(0.9 * len(own))] <= 1.6, own
 
 
 @pytest.mark.slow
