@@ -1,12 +1,15 @@
 """A real app for the simulated device: one process that runs its monitor's workloads through onnxruntime, each
 at its frame rate, as a video-call app runs its blur and its noise suppression, and says how long each run took.
 
-The process runs on the real CPU with onnxruntime's default session options, as an app's would (intra-op
-threads spinning between runs included), so real busy processes slow it and the agent sees its real CPU use.
-What the real CPU cannot show, the app emulates: the simulated device's capped clock (a thermal or power cap
-in the scenario) and a hidden slowdown that no signal shows (a scenario's `hidden_slowdown`, for learning from
-reports). After each run it spins on until the run has taken `slowdown` times as long: real CPU work, as a
-slower clock would make it. `slowdown` is a number in a file the device rewrites as its conditions change.
+The process runs on the real CPU, on the simulated device's CPUs (pinned there, with as many intra-op threads,
+onnxruntime's default on a device of that size; otherwise its default options, threads spinning between runs
+included), so real busy processes slow it and the agent sees its real CPU use. What the real CPU cannot show,
+the app emulates by one `scale`, a number in a file the device rewrites as its conditions change: the simulated
+device's own speed against the host's, its capped clock (a thermal or power cap in the scenario) and a hidden
+slowdown that no signal shows (a scenario's `hidden_slowdown`, for learning from reports). Above 1 (the device
+is slower), after each run it spins on until the run has taken `scale` times as long: real CPU work, as a
+slower device would do. Below 1 (the device is faster), a run counts for `scale` of its time and for 1/scale
+frames, and the app runs that much less often: the host's CPU time per second is the device's either way.
 """
 
 from __future__ import annotations
@@ -16,29 +19,33 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.simulation.load import cpu_ticks
 from monitors.graphs.graph import InputSpec
 
-# Runs in the app's own process: python -c APP OWNER_PID SPEC_JSON SLOWDOWN_FILE
-APP = r"""
+# How the app and the reference measurement load a model: on the device's CPUs (argv), with as many intra-op
+# threads as it has (onnxruntime's default on a device of that size), otherwise onnxruntime's default options.
+LOADER = r"""
 import json, os, sys, time
 import numpy as np
 import onnxruntime as ort
-owner, spec, slowdown_file = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-sys.stdin.readline()  # "go": the app has told the agent it runs these workloads (with its pid) before it loads them
-sys.path.insert(0, spec["repo"])
-from agent.simulation.materialize import materialize
-from monitors.graphs.importer import load_graph
-from monitors.graphs.graph import InputSpec
 
-work = []
-for w in spec["workloads"]:
-    inputs = {k: InputSpec(tuple(v[0]), v[1]) for k, v in w["inputs"].items()}
-    graph = load_graph(w["model"], inputs=inputs or None)
-    session = ort.InferenceSession(materialize(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+def pin(cpus):
+    os.sched_setaffinity(0, cpus)
+
+def session_of(model, inputs):
+    from agent.simulation.materialize import materialize
+    from monitors.graphs.importer import load_graph
+    from monitors.graphs.graph import InputSpec
+    specs = {k: InputSpec(tuple(v[0]), v[1]) for k, v in inputs.items()}
+    graph = load_graph(model, inputs=specs or None)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = len(os.sched_getaffinity(0))
+    session = ort.InferenceSession(materialize(graph).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
     feeds = {}
     for i in session.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
@@ -47,10 +54,22 @@ for w in spec["workloads"]:
         feeds[i.name] = (np.random.default_rng(0).random(shape) * 0.1).astype(kind)
     for _ in range(3):
         session.run(None, feeds)  # warm-up, untimed
-    work.append([w["name"], 1.0 / w["rate_hz"], session, feeds])
+    return session, feeds
+"""
+
+# Runs in the app's own process: python -c APP OWNER_PID SPEC_JSON SCALE_FILE
+APP = LOADER + r"""
+owner, spec, scale_file = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+pin(spec["cpus"])
+sys.stdin.readline()  # "go": the app has told the agent it runs these workloads (with its pid) before it loads them
+sys.path.insert(0, spec["repo"])
+work = []
+for w in spec["workloads"]:
+    session, feeds = session_of(w["model"], w["inputs"])
+    work.append([w["name"], 1.0 / w["rate_hz"], session, feeds, 0.0])
 print("ready", flush=True)
 
-slowdown, read_at = 1.0, 0.0
+scale, read_at = 1.0, 0.0
 start = time.perf_counter()
 due = [start] * len(work)
 while True:
@@ -58,7 +77,7 @@ while True:
     if now - read_at > 0.25:
         read_at = now
         try:
-            slowdown = max(1.0, float(open(slowdown_file).read()))
+            scale = max(0.01, float(open(scale_file).read()))
         except (OSError, ValueError):
             pass
         try:
@@ -69,15 +88,33 @@ while True:
     wait = due[i] - time.perf_counter()
     if wait > 0:
         time.sleep(wait)
-    name, period, session, feeds = work[i]
+    name, period, session, feeds, credit = work[i]
     t0 = time.perf_counter()
     session.run(None, feeds)
-    target = t0 + (time.perf_counter() - t0) * slowdown
+    target = t0 + (time.perf_counter() - t0) * scale  # a slower device: spin on, as its longer run would
     while time.perf_counter() < target:
         pass
-    took = time.perf_counter() - t0
-    print(f"{name} {1000.0 * took:.4f}", flush=True)
-    due[i] = max(due[i] + period, time.perf_counter() - period)  # fall behind: skip, never burst to catch up
+    took = (time.perf_counter() - t0) * min(1.0, scale)  # a faster one: its run is shorter...
+    credit += 1.0 / min(1.0, scale)  # ... and it runs 1/scale frames in the host CPU time of one
+    frames = int(credit)
+    work[i][4] = credit - frames
+    print(f"{name} {1000.0 * took:.4f} {frames}", flush=True)
+    real_period = period / min(1.0, scale)
+    due[i] = max(due[i] + real_period, time.perf_counter() - real_period)  # fall behind: skip, never burst
+"""
+
+# One model's run time on the device's CPUs at rest, as the app would run it: python -c MEASURE SPEC_JSON
+MEASURE = LOADER + r"""
+spec = json.loads(sys.argv[1])
+pin(spec["cpus"])
+sys.path.insert(0, spec["repo"])
+session, feeds = session_of(spec["model"], spec["inputs"])
+times = []
+for _ in range(spec["runs"]):
+    t0 = time.perf_counter()
+    session.run(None, feeds)
+    times.append(time.perf_counter() - t0)
+print(1000.0 * sorted(times)[len(times) // 2], flush=True)
 """
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,12 +134,12 @@ class AppProcess:
     The process starts idle; `go()` has it load its models and start its frames. In between the app can tell
     the agent that it runs them, with its pid, before it does any of that work, as a well-behaved app would."""
 
-    def __init__(self, workloads: list[Workload], slowdown_file: Path) -> None:
-        spec = {"repo": str(REPO), "workloads": [
-            {"name": w.name, "model": str(w.model), "rate_hz": w.rate_hz,
-             "inputs": {k: [list(v.shape), v.dtype or "float32"] for k, v in w.inputs.items()}} for w in workloads]}
+    def __init__(self, workloads: list[Workload], scale_file: Path, cpus: Sequence[int] | None = None) -> None:
+        spec = {"repo": str(REPO), "cpus": sorted(os.sched_getaffinity(0) if cpus is None else cpus), "workloads": [
+            {"name": w.name, "model": str(w.model), "rate_hz": w.rate_hz, "inputs": _inputs(w.inputs)}
+            for w in workloads]}
         self.proc = subprocess.Popen([sys.executable, "-c", APP, str(os.getpid()), json.dumps(spec),
-                                      str(slowdown_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      str(scale_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, cwd=REPO)
         self.pid = self.proc.pid
         self._lock = threading.Lock()
@@ -123,14 +160,15 @@ class AppProcess:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            name, _, ms = line.partition(" ")
+            name, _, rest = line.partition(" ")
             try:
-                value = float(ms)
+                ms, frames = rest.split()
+                value, count = float(ms), int(frames)
             except ValueError:
                 continue
             with self._lock:
                 if name in self._runs:
-                    self._runs[name].append(value)
+                    self._runs[name].extend([value] * count)
 
     def take(self) -> dict[str, list[float]]:
         """Each workload's run latencies (ms) since the last call."""
@@ -153,6 +191,21 @@ class AppProcess:
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def _inputs(inputs: dict[str, InputSpec]) -> dict[str, list[object]]:
+    return {k: [list(v.shape), v.dtype or "float32"] for k, v in inputs.items()}
+
+
+def run_ms(model: Path, inputs: dict[str, InputSpec], cpus: Sequence[int], runs: int = 15) -> float:
+    """The median run time (ms) of a model on these CPUs at rest, loaded and run as the app does it."""
+    spec = {"repo": str(REPO), "cpus": list(cpus), "model": str(model), "inputs": _inputs(inputs), "runs": runs}
+    out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(spec)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    try:
+        return float(out.stdout.split()[-1])
+    except (ValueError, IndexError):
+        raise RuntimeError(f"cannot run {model.name} here: {out.stderr.strip()[-500:]}") from None
 
 
 def oracle(runs: dict[str, list[float]], targets: dict[str, tuple[float, float]], seconds: float) -> bool | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from agent.simulation.load import Load
 from agent.simulation.nvml import NVML_ERROR_GPU_IS_LOST, NVML_FUNCTIONS, NvmlStandin, StandinGpu
 from agent.simulation.scenario import BATTERY_KEYS, CPUFREQ_KEYS, Scenario
 from agent.simulation.trees import BUILDERS, write_atomic
+from monitors.errors import BadInput
 from monitors.speed.prediction import contention_factor
 from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, WarmRefresh
 from probes.state import Sampler
@@ -37,19 +40,26 @@ class SimulatedDevice:
 
     def __init__(self, root: Path, scenario: Scenario) -> None:
         self.profile = scenario.device
-        self.cores = os.cpu_count() or 1  # the real CPUs: the load and the benchmarks run on them
+        host = sorted(os.sched_getaffinity(0))
+        self.cores = scenario.cores or len(host)
+        if self.cores > len(host):
+            raise BadInput(f"the scenario's device has {self.cores} CPUs; this host has only {len(host)} to give it")
+        self.cpus = host[:self.cores]  # the real CPUs its load and its apps run on (pinned)
         self.tree = BUILDERS[self.profile](root, cores=self.cores)
         self.sys, self.proc = self.tree.sys, self.tree.proc
         self.cpu_max_mhz = scenario.cpu_max_mhz
         self.nvml = NvmlStandin([StandinGpu(name="Simulated GPU", total=GPU_TOTAL_MB * MiB)]) if scenario.gpu else None
-        self.load = Load()
+        self.load = Load(cpus=self.cpus)
         self.apps: list[AppProcess] = []  # real app processes, started and stopped by the runner
         self.app_cores = 0.0  # the cores they used over the last /proc update
         self._app_runnable = 0.0  # dithering: their runnable share, as whole tasks in procs_running
-        self.slowdown_file = root / "app-slowdown"  # what the apps emulate: the capped clock, a hidden slowdown
+        self.scale_file = root / "app-scale"  # what the apps emulate: the device's speed, its clock, a hidden slowdown
+        self.app_speed = 1.0  # an app's run on the device at rest over the same run on the host (DeviceSpeed)
         self.hidden_slowdown = 1.0
         self.conditions: dict[str, Any] = {"busy": 0, "memory_mb": 0, "steal": 0.0}
         self._ticks = {"busy": 0, "idle": 0, "steal": 0}
+        self._host = HostShare(self.cpus)
+        self._app_ticks: dict[int, float] = {}  # each app's CPU time on the device (ticks), as its /proc/<pid> says
         self._stat_at = time.monotonic()
         self._mem_total, self._mem_available = _real_meminfo()
         self._build()
@@ -110,21 +120,47 @@ class SimulatedDevice:
         if "memory_mb" in conditions and int(c["memory_mb"]) != self.load.held_mb:
             self.load.set_memory(int(c["memory_mb"]))
             self.update_proc()
-        self.update_slowdown()
+        self.update_scale()
 
     def start_app(self, app: AppProcess) -> None:
         """A real app on this device: its CPU is the device's load, and its process can be read under /proc."""
         self.apps.append(app)
-        (self.proc / str(app.pid)).symlink_to(f"/proc/{app.pid}")
+        self._app_ticks[app.pid] = 0.0
+        self._write_app_proc(app)
 
     def stop_app(self, app: AppProcess) -> None:
         app.stop()
         self.apps.remove(app)
-        (self.proc / str(app.pid)).unlink(missing_ok=True)
+        self._app_ticks.pop(app.pid, None)
+        shutil.rmtree(self.proc / str(app.pid), ignore_errors=True)
 
-    def update_slowdown(self) -> None:
-        """What the apps' runs must take beyond the real CPU's: the capped clock, and any hidden slowdown."""
-        write_atomic(self.slowdown_file, f"{self.hidden_slowdown / self.clock_ratio:.4f}".encode())
+    def _write_app_proc(self, app: AppProcess) -> None:
+        """The app's /proc/<pid> on the device: its CPU time as the device's /proc/stat counts it (scaled as
+        HostShare scales it, so that the agent's reading of the app's own share matches its reading of the load),
+        its threads' run-queue waits as the host's kernel reports them, no child processes."""
+        where = self.proc / str(app.pid)
+        try:
+            real = Path(f"/proc/{app.pid}/stat").read_text()
+            tids = [t for t in os.listdir(f"/proc/{app.pid}/task") if t.isdigit()]
+        except OSError:
+            return  # gone: the runner stops it
+        head, _, rest = real.rpartition(")")
+        fields = rest.split()
+        fields[11:15] = [str(int(self._app_ticks.get(app.pid, 0.0))), "0", "0", "0"]  # utime stime cutime cstime
+        write_atomic(where / "stat", f"{head}) {' '.join(fields)}\n".encode())
+        for tid in tids:
+            try:
+                schedstat = Path(f"/proc/{app.pid}/task/{tid}/schedstat").read_bytes()
+            except OSError:
+                continue
+            write_atomic(where / "task" / tid / "schedstat", schedstat)
+            if tid == str(app.pid):
+                write_atomic(where / "task" / tid / "children", b"")
+
+    def update_scale(self) -> None:
+        """How long the apps' runs take on the device against the real CPU: its own speed, the capped clock, and
+        any hidden slowdown (agent/simulation/app.py)."""
+        write_atomic(self.scale_file, f"{self.app_speed * self.hidden_slowdown / self.clock_ratio:.4f}".encode())
 
     def update_proc(self) -> None:
         """/proc/stat, /proc/meminfo and PSI from the real load, the apps and the simulated steal time."""
@@ -134,9 +170,15 @@ class SimulatedDevice:
         self._stat_at = now
         # The hypervisor takes its share first; the guest's processes get at most the rest.
         steal = int(round(capacity * float(self.conditions.get("steal", 0.0))))
-        app_ticks = sum(app.take_ticks() for app in self.apps)
-        self.app_cores = app_ticks / HZ / elapsed if elapsed > 0 else 0.0
-        busy = min(capacity - steal, self.load.take_ticks() + app_ticks)
+        by_app = [(app, app.take_ticks()) for app in self.apps]
+        app_ticks = sum(ticks for _, ticks in by_app)
+        load_ticks = self.load.take_ticks()
+        share = self._host.share(load_ticks + app_ticks)  # the host's other tenants are not on the device
+        for app, ticks in by_app:
+            self._app_ticks[app.pid] = self._app_ticks.get(app.pid, 0.0) + ticks * share
+            self._write_app_proc(app)
+        self.app_cores = app_ticks * share / HZ / elapsed if elapsed > 0 else 0.0
+        busy = min(capacity - steal, int(round((load_ticks + app_ticks) * share)))
         t = self._ticks
         t["busy"] += busy
         t["steal"] += steal
@@ -175,6 +217,52 @@ class SimulatedDevice:
         for app in list(self.apps):
             self.stop_app(app)
         self.load.stop()
+
+
+class HostShare:
+    """How much more CPU the device's processes would have had without the host's other tenants.
+
+    The device's processes (its busy processes, its apps) run on its CPUs of the host, which the host's other
+    tenants may share: there they get less than on the device, where they would be alone. Over each interval,
+    the host's CPU time on those CPUs that is not theirs is taken out of the capacity, and their CPU time is
+    scaled up to the whole: three busy processes that got half of two CPUs beside a neighbour's work count as
+    the two CPUs they would have kept busy. So the simulated /proc shows the device's load, not the host's."""
+
+    MAX = 20.0  # a host that leaves the device a twentieth of its CPUs is not simulating it any more
+    WINDOW = 20  # intervals (of 0.05 s): a kernel counts CPU time in ticks of 10 ms, too coarse for one
+
+    def __init__(self, cpus: list[int]) -> None:
+        self.cpus = {f"cpu{i}" for i in cpus}
+        self._last = self._read()
+        self._recent: deque[tuple[int, int]] = deque(maxlen=self.WINDOW)  # (others' ticks, total ticks)
+
+    def _read(self) -> tuple[int, int] | None:
+        """(busy, total) ticks of the host's /proc/stat over the device's CPUs; None where unreadable."""
+        try:
+            busy = total = 0
+            for line in Path("/proc/stat").read_text().splitlines():
+                name, *fields = line.split()
+                if name in self.cpus:
+                    values = [int(v) for v in fields[:8]]
+                    total += sum(values)
+                    busy += sum(values) - values[3] - values[4]  # all but idle and iowait
+            return busy, total
+        except (OSError, ValueError):
+            return None
+
+    def share(self, own_ticks: int) -> float:
+        """The factor to scale the device's processes' `own_ticks` of the last interval by (>= 1), from the
+        tenants' share of the device's CPUs over the last WINDOW intervals."""
+        now, last = self._read(), self._last
+        self._last = now
+        if now is not None and last is not None and now[1] > last[1]:
+            self._recent.append((max(0, now[0] - last[0] - own_ticks), now[1] - last[1]))
+        others = sum(o for o, _ in self._recent)
+        total = sum(t for _, t in self._recent)
+        if total <= 0:
+            return 1.0
+        left = total - others
+        return min(self.MAX, total / left) if left > 0 else self.MAX
 
 
 def _real_meminfo() -> tuple[int, int]:

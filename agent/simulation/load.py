@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The owner's liveness is checked every couple of million iterations (a few times a second).
@@ -46,18 +47,27 @@ class LoadProcess:
     child: subprocess.Popen[bytes] | None  # None when detached: not this process's child
 
     @classmethod
-    def start(cls, code: str, args: list[str], detached: bool, ready_line: bool = False) -> LoadProcess:
+    def start(cls, code: str, args: list[str], detached: bool, ready_line: bool = False,
+              cpus: Sequence[int] | None = None) -> LoadProcess:
+        """`cpus`: the only CPUs it may run on (a simulated device's), else any."""
         command = [sys.executable, "-c", code, str(os.getpid()), *args]
         if detached:
             out = subprocess.run([sys.executable, "-c", _LAUNCH, "1" if ready_line else "0", *command],
                                  stdin=subprocess.DEVNULL, capture_output=True, check=True, timeout=60)
-            return cls(int(out.stdout.split()[-1]), None)
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL)
-        if ready_line:
-            assert child.stdout is not None
-            child.stdout.readline()  # the memory is touched and resident
-        return cls(child.pid, child)
+            started = cls(int(out.stdout.split()[-1]), None)
+        else:
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL)
+            if ready_line:
+                assert child.stdout is not None
+                child.stdout.readline()  # the memory is touched and resident
+            started = cls(child.pid, child)
+        if cpus is not None:
+            try:
+                os.sched_setaffinity(started.pid, cpus)
+            except ProcessLookupError:
+                pass
+        return started
 
     def stop(self) -> None:
         if self.child is not None:
@@ -85,8 +95,9 @@ class Load:
     """Real load: busy processes and a process holding memory; `detached` starts them outside this process's
     tree. A context manager: everything stops on exit."""
 
-    def __init__(self, detached: bool = False) -> None:
+    def __init__(self, detached: bool = False, cpus: Sequence[int] | None = None) -> None:
         self.detached = detached
+        self.cpus = cpus  # the CPUs it runs on (a simulated device's), else any
         self.busy: list[LoadProcess] = []
         self.holder: LoadProcess | None = None
         self.held_mb = 0
@@ -105,7 +116,7 @@ class Load:
 
     def set_busy(self, count: int) -> None:
         while len(self.busy) < count:
-            self.busy.append(LoadProcess.start(_SPIN, [], self.detached))
+            self.busy.append(LoadProcess.start(_SPIN, [], self.detached, cpus=self.cpus))
         while len(self.busy) > count:
             self._end(self.busy.pop())
 
@@ -114,7 +125,7 @@ class Load:
             self._end(self.holder)
             self.holder, self.held_mb = None, 0
         if mb > 0:
-            self.holder = LoadProcess.start(_HOLD, [str(mb)], self.detached, ready_line=True)
+            self.holder = LoadProcess.start(_HOLD, [str(mb)], self.detached, ready_line=True, cpus=self.cpus)
             self.held_mb = mb
 
     def _end(self, proc: LoadProcess) -> None:

@@ -113,12 +113,24 @@ def _seen(state: Any) -> dict[str, Any]:
     return out
 
 
+def _speed_line(s: dict[str, Any] | None) -> str:
+    if not s:
+        return "\n  device speed: the host's own (no [speed] in the scenario)"
+    inputs = ", ".join(f"{k} {v}" for k, v in s["inputs"].items())
+    line = (f"\n  device speed: {s['reference']}{' (' + inputs + ')' if inputs else ''} {s['at_rest_ms']:g} ms at rest;"
+            f" here estimated {s['host_estimate_ms']:g} ms: calibration x{s['calibration_scale']:g}")
+    if "apps_scale" in s:
+        line += f"; here run in {s['host_run_ms']:g} ms: apps x{s['apps_scale']:g}"
+    return line
+
+
 def format_record(r: dict[str, Any]) -> str:
     """One timeline record as a line for people."""
     kind = r["kind"]
     if kind == "start":
-        return (f"simulating '{r['scenario']}' on a {r['device']}{' with a GPU' if r['gpu'] else ''} for "
-                f"{r['duration_s']:g} s (agent {r['device_id']} on {r['broker']})")
+        return (f"simulating '{r['scenario']}' on a {r['device']}{' with a GPU' if r['gpu'] else ''}"
+                f"{' of ' + str(r['cores']) + ' CPUs' if r.get('cores') else ''} for "
+                f"{r['duration_s']:g} s (agent {r['device_id']} on {r['broker']})" + _speed_line(r.get("speed")))
     t = f"t={r.get('t', 0):6.1f}s"
     if kind == "monitor":
         return f"{t}  monitor {r['monitor']} registered (required {r['required']}): " \
@@ -156,6 +168,9 @@ def format_record(r: dict[str, Any]) -> str:
             parts.append("; ".join(s["notes"]))
         parts.append(f"slowdown x{r['agent_slowdown']:.2f}")
         for monitor, runs in r.get("apps", {}).items():
+            own = r.get("monitor_slowdown", {}).get(monitor)
+            if own is not None:  # its own run left out: what the agent prices the app's own monitor at
+                parts.append(f"{monitor} without its app x{own:.2f}")
             medians = [f"{k + ' ' if k else ''}{sorted(v)[len(v) // 2]:.1f} ms x{len(v)}" for k, v in runs.items() if v]
             if medians:
                 parts.append(f"app {monitor}: {', '.join(medians)}")

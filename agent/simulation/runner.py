@@ -27,6 +27,7 @@ from agent.simulation.device import (
 )
 from agent.simulation.report import Outcome, Timeline, _seen, check
 from agent.simulation.scenario import MonitorSpec, Scenario
+from agent.simulation.speed import Scales, scaled, scales
 from daop_client import DaopClient, DaopError, Monitor
 from daop_client import Workload as Member
 from monitors.errors import BadInput
@@ -34,21 +35,27 @@ from monitors.speed.present import speed_from_state
 from probes.refresh import WarmRefresh
 
 
-def prepare_state_dir(state_dir: Path, calibration_from: Path, bench: WarmRefresh,
-                      announce: Any = sys.stderr) -> dict[str, float]:
-    """The agent's private state dir: the CPU calibration of this host, with a reference refresh taken now
-    by `bench`, which is returned (the simulated device at rest, see SimulatedRefresh)."""
+def prepare_state_dir(state_dir: Path, calibration_from: Path, bench: WarmRefresh, scenario: Scenario,
+                      device: SimulatedDevice, announce: Any = sys.stderr) -> tuple[dict[str, float], Scales]:
+    """The agent's private state dir: the CPU calibration of this host scaled to the simulated device's speed,
+    with a reference refresh taken now by `bench` (the simulated device at rest, see SimulatedRefresh).
+    Returns that reference and the device's scales against the host."""
     cal = calibration_store.load(calibration_from, "cpu")
     if cal is None:
         if announce is not None:
             print(f"daop-agent: no CPU calibration in {calibration_from}: calibrating now (quick)...", file=announce)
         cal = calibration_store.run_calibration(calibration_from, "cpu", quick=True)
+    device_scales = scales(scenario.speed, cal, device.cpus, bool(scenario.apps))
     reference = bench.reference()
-    calibration_store.save(state_dir, replace(cal, refresh_reference=reference))
-    return reference
+    calibration_store.save(state_dir, replace(scaled(cal, device_scales.calibration), refresh_reference=reference))
+    return reference, device_scales
 
 
 Emit = Callable[[dict[str, Any]], None]
+# How often the simulated /proc is rewritten. A kernel's counters move every tick; here they move in steps, and a
+# reader whose two files straddle a step sees one interval's share of a process in one and not in the other
+# (at a 0.5 s sample interval, a step of 0.1 s read an app's own run as a fifth smaller than its load).
+PROC_EVERY_S = 0.05
 
 
 async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = None, speed: float = 1.0,
@@ -64,11 +71,14 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
         agent_task: asyncio.Task[int] | None = None
         agent: Agent | None = None
         try:
-            device.apply(scenario.initial)
             state_dir = tmp / "state"
             state_dir.mkdir(mode=0o700)
             bench = await asyncio.to_thread(simulated_probe)
-            reference = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from, bench)
+            # measured on the device at rest, before its [initial] load starts
+            reference, device_scales = await asyncio.to_thread(prepare_state_dir, state_dir, calibration_from, bench,
+                                                               scenario, device)
+            device.app_speed = device_scales.apps
+            device.apply(scenario.initial)
             if broker is None:
                 private = LocalBroker(tmp, free_port())
                 private.start()
@@ -96,7 +106,8 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
                     raise BadInput("the agent's estimator did not start within 120 s")
                 await asyncio.sleep(0.05)
             emit({"kind": "start", "scenario": scenario.name, "device": scenario.device, "gpu": scenario.gpu,
-                  "broker": cfg.broker.url, "device_id": device_id, "duration_s": scenario.duration_s / speed})
+                  "cores": device.cores, "broker": cfg.broker.url, "device_id": device_id,
+                  "duration_s": scenario.duration_s / speed, **_speed_record(scenario, device_scales)})
             return await _drive(scenario, device, DaopClient(broker, device_id, timeout_s=60), emit, speed,
                                 status_every_s, agent, agent_task)
         finally:
@@ -148,7 +159,7 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
         async def ticker() -> None:
             while True:
                 await asyncio.to_thread(device.update_proc)
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(PROC_EVERY_S)
 
         def spawn(coro: Any) -> asyncio.Task[Any]:
             task = loop.create_task(coro)
@@ -213,6 +224,7 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
                       round(sp.cpu, 2), "agent_slowdown": round(agent.speed.speed.cpu, 2), "reasons": list(sp.reasons),
                       "tiers": dict(tiers), "apps": {m: runs[-1][1] for m, runs in timeline.runs.items() if runs},
                       "estimates_ms": agent.registry.estimates_ms(agent.speeds),
+                      "monitor_slowdown": _monitor_slowdowns(agent), "measured": _measured(agent),
                       "meets": {m: timeline.value_at(m, now()) for m in timeline.created}})
                 if tier_task is None or tier_task.done():
                     tier_task = spawn(poll_tiers())
@@ -244,6 +256,38 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
     return outcome
 
 
+def _monitor_slowdowns(agent: Agent) -> dict[str, float]:
+    """The CPU slowdown each monitor is priced at (an app's own run left out of its own monitor's)."""
+    speeds = agent.speeds
+    out = {}
+    for monitor in agent.registry.records:
+        k = agent.registry.table.speed_class(monitor)
+        if k < len(speeds):
+            out[monitor] = round(speeds[k].cpu, 2)
+    return out
+
+
+def _measured(agent: Agent) -> dict[str, float | None] | None:
+    """The latest warm refresh's reading and the prediction of the state it was taken in."""
+    m = agent.speed.measurement
+    if m is None:
+        return None
+    return {"slowdown": None if m.slowdown is None else round(m.slowdown, 2), "predicted": round(m.predicted, 2)}
+
+
+def _speed_record(scenario: Scenario, s: Scales) -> dict[str, Any]:
+    """The start record's account of the device's speed against the host's (local output: figures)."""
+    if scenario.speed is None:
+        return {"speed": None}
+    ref = scenario.speed
+    return {"speed": {"reference": ref.model.name, "inputs": {k: "x".join(map(str, v.shape)) for k, v in
+                                                              ref.inputs.items()},
+                      "at_rest_ms": ref.at_rest_ms, "host_estimate_ms": round(s.host_estimate_ms or 0.0, 2),
+                      "calibration_scale": round(s.calibration, 3),
+                      **({"host_run_ms": round(s.host_run_ms, 2), "apps_scale": round(s.apps, 3)}
+                         if s.host_run_ms else {})}}
+
+
 async def _register(daop: DaopClient, spec: MonitorSpec) -> Monitor:
     if not spec.group:
         w = spec.workloads[0]
@@ -259,8 +303,8 @@ async def _start_app(scenario: Scenario, k: int, device: SimulatedDevice, monito
     monitor = next(m for m in scenario.monitors if m.id == spec.monitor)
     workloads = [Workload(w.name, w.model, w.inputs, spec.rates[w.name]) for w in monitor.workloads]
     device.hidden_slowdown = spec.hidden_slowdown
-    device.update_slowdown()
-    app = AppProcess(workloads, device.slowdown_file)
+    device.update_scale()
+    app = AppProcess(workloads, device.scale_file, device.cpus)
     device.start_app(app)  # its process is on the device (under /proc) from now: the agent can look it up
     if spec.declare and spec.monitor in monitors:
         rate = spec.rates[""] if list(spec.rates) == [""] else None
@@ -279,7 +323,7 @@ async def _stop_app(scenario: Scenario, k: int, app: AppProcess, device: Simulat
         except DaopError:
             pass
     device.hidden_slowdown = 1.0
-    device.update_slowdown()
+    device.update_scale()
 
 
 async def _clear_status(broker: Any, topic: str) -> None:

@@ -42,7 +42,7 @@ THERMAL_KEYS = {"temp_c", "passive_c", "cooling"}
 CPUFREQ_KEYS = {"cpu_mhz", "cpu_limit_mhz"}
 MAX_BUSY = 16
 MAX_DURATION_S = 600.0
-
+MAX_CORES = 64
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,16 @@ class AppSpec:
     declare: bool = True  # says so to the agent (monitors/running, with its pid)
     report: bool = False  # reports its measured latencies every second (monitors/report)
     hidden_slowdown: float = 1.0  # its runs take this much longer than any signal or the calibration says
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """How fast the simulated device is: `model` (with `inputs`) takes `at_rest_ms` on it at rest. The harness
+    scales what the host measures to it, so that a scenario gives the same events on a faster or slower host."""
+
+    model: Path
+    inputs: dict[str, Any]  # name -> InputSpec
+    at_rest_ms: float
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,8 @@ class Scenario:
     expectations: tuple[Expectation, ...]
     apps: tuple[AppSpec, ...] = ()
     path: Path | None = None
+    cores: int | None = None  # the simulated device's CPUs (None: as many as the host has)
+    speed: DeviceSpeed | None = None  # None: as fast as the host
 
 
 def _fail(where: str, message: str) -> BadInput:
@@ -240,6 +252,10 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
     cpu_max = _number(_take(doc, "cpu_max_mhz", (int, float), "file", 4000), "cpu_max_mhz", 100, 10000)
     sample = _number(_take(doc, "sample_interval_s", (int, float), "file", 0.25), "sample_interval_s", 0.05, 5)
     agent_config = _take(doc, "agent_config", (str,), "file", "")
+    cores = _take(doc, "cores", (int,), "file", None)
+    if cores is not None:
+        cores = int(_number(cores, "cores", 1, MAX_CORES))
+    speed = _device_speed(doc.pop("speed"), base) if "speed" in doc else None
     initial = _conditions(doc.pop("initial", {}), "[initial]", device, gpu)
 
     monitors: list[MonitorSpec] = []
@@ -329,19 +345,37 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
     if agent_config:
         _check_agent_config(agent_config)
     return Scenario(name, description, duration, device, gpu, cpu_max, sample, agent_config, initial,
-                    tuple(monitors), tuple(steps), tuple(expectations), tuple(apps))
+                    tuple(monitors), tuple(steps), tuple(expectations), tuple(apps), cores=cores, speed=speed)
+
+
+def _device_speed(table: Any, base: Path) -> DeviceSpeed:
+    """[speed]: a reference model, its inputs and its latency at rest on the simulated device."""
+    where = "[speed]"
+    if not isinstance(table, dict):
+        raise _fail(where, "must be a table: model, inputs, at_rest_ms")
+    table = dict(table)
+    model = _resolve_model(_take(table, "model", (str,), where), base, f"{where}.model")
+    inputs = _inputs(_take(table, "inputs", (dict,), where, {}), where)
+    at_rest = _number(_take(table, "at_rest_ms", (int, float), where), f"{where}.at_rest_ms", 0.01, 600_000)
+    _leftovers(table, where)
+    return DeviceSpeed(model, inputs, at_rest)
+
+
+def _inputs(table: dict[str, Any], where: str) -> dict[str, Any]:
+    inputs = {}
+    for key, dims in table.items():
+        if not isinstance(dims, str):
+            raise _fail(f"{where}.inputs.{key}", f"must be a string like \"1x3x224x224\", not {dims!r}")
+        input_name, spec = parse_input_spec(f"{key}={dims}")
+        inputs[input_name] = spec
+    return inputs
 
 
 def _workload(table: dict[str, Any], name: str, base: Path, where: str) -> WorkloadSpec:
     """A model, its inputs and its requirement: `required_tier`, or `required_rate` (Hz) and/or
     `required_deadline_ms`."""
     model = _resolve_model(_take(table, "model", (str,), where), base, f"{where}.model")
-    inputs = {}
-    for key, dims in _take(table, "inputs", (dict,), where, {}).items():
-        if not isinstance(dims, str):
-            raise _fail(f"{where}.inputs.{key}", f"must be a string like \"1x3x224x224\", not {dims!r}")
-        input_name, spec = parse_input_spec(f"{key}={dims}")
-        inputs[input_name] = spec
+    inputs = _inputs(_take(table, "inputs", (dict,), where, {}), where)
     fields = {"requiredTier": table.pop("required_tier", None), "requiredRate": table.pop("required_rate", None),
               "requiredDeadlineMs": table.pop("required_deadline_ms", None)}
     try:
