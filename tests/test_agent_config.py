@@ -265,8 +265,9 @@ def test_the_docs_reference_and_the_example_are_the_declarations_output():
     """docs/configuration.md's key tables and examples/agent.toml are generated from OPTIONS: edit one without
     the other and this fails (python -m agent.config_reference --write rewrites both)."""
     docs = (REPO / "docs" / "configuration.md").read_text()
-    assert config_reference.docs_with_reference(docs) == docs
-    assert (REPO / "examples" / "agent.toml").read_text() == config_reference.toml()
+    hint = "changed OPTIONS? run: python -m agent.config_reference --write"
+    assert config_reference.docs_with_reference(docs) == docs, hint
+    assert (REPO / "examples" / "agent.toml").read_text() == config_reference.toml(), hint
     for opt in OPTIONS:
         assert f"| `{opt.key}` |" in docs and f"{opt.key} = " in config_reference.toml()
     assert config_reference.main(["--check"]) == 0
@@ -304,3 +305,43 @@ def test_run_help_shows_the_declared_defaults():
     for name in ("agent.sample_interval_s", "broker.protocol", "broker.session_expiry_s", "agent.sysfs_root"):
         assert str(option(name).default) in text, name
     assert f"(default {option('agent.sample_interval_s').default})" in text
+
+
+def _edges(valid: str, integer: bool) -> tuple[list[float], list[float]]:
+    """Values the declaration's `valid` says are accepted, and values just beyond them that it says are not."""
+    step = 1 if integer else 0.01
+    words = valid.split()
+    if valid == "above 0":
+        return [1], [0, -1]
+    if valid.endswith(" or more"):
+        low = float(words[0])
+        return [low], [low - step]
+    if valid.startswith("0 to below "):
+        high = float(words[-1])
+        return [0, high - step], [-step, high]
+    if len(words) == 3 and words[1] == "to":
+        low, high = float(words[0]), float(words[2])
+        return [low, high], [low - step, high + step]
+    return [], []
+
+
+def test_the_declared_bounds_are_the_loaders(tmp_path: Path):
+    """Each numeric key's declared range (as the reference shows it) is what the loader accepts: its edges load,
+    one step beyond them is one clear line."""
+    checked = 0
+    for opt in OPTIONS:
+        integer = opt.kinds == (int,)
+        good, bad = _edges(opt.valid, integer)
+        if opt.kinds in ((int,), (int, float)) and opt.valid and opt.valid != "at least max_request_bytes":
+            assert good and bad, f"{opt.name}: the test cannot read {opt.valid!r}"
+        for value, accepted in [(v, True) for v in good] + [(v, False) for v in bad]:
+            shown_value = str(int(value)) if integer or value == int(value) else repr(value)
+            path = write(tmp_path, f"[{opt.section}]\n{opt.key} = {shown_value}\n")
+            if accepted:
+                load_config(path, {"state_dir": str(tmp_path)})
+            else:
+                with pytest.raises(BadInput) as info:
+                    load_config(path, {"state_dir": str(tmp_path)})
+                assert "\n" not in str(info.value), opt.name
+            checked += 1
+    assert checked > 60  # every numeric key, not none
