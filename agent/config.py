@@ -163,7 +163,10 @@ STATE_DIR_HELP = "default: $DAOP_STATE_DIR, else $STATE_DIRECTORY (systemd), els
 class Option:
     """One configuration key, declared once: its default and its documentation. `load_config` takes its
     type and default from here; docs/configuration.md's reference and examples/agent.toml are generated from
-    here (`python -m agent.config_reference`, checked by tests/test_agent_config.py)."""
+    here (`python -m agent.config_reference`, checked by tests/test_agent_config.py).
+
+    A new key: its field (with its default) in the dataclass that holds it, one `Option` below that references
+    that default, one `_take` in `load_config`; then `python -m agent.config_reference --write`."""
 
     section: str
     key: str
