@@ -1,11 +1,16 @@
 """The agent's configuration: defaults, then a TOML file, then command-line flags.
 
+Each key is declared once, in `OPTIONS` (its type, default, accepted values and meaning): the loader takes
+its defaults from there, and docs/configuration.md's key tables and examples/agent.toml are generated from it
+(agent/config_reference.py). A default held by a dataclass here or in monitors/ is referenced, not repeated.
+
 Every mistake is a `BadInput` with one clear line (the CLI exits 2), so a
 typo in the unit's config file never turns into a crash loop of tracebacks.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -17,13 +22,17 @@ import daop_client.address
 from daop_client.address import default_device_id  # one rule for the agent and its clients
 from monitors.errors import BadInput
 from monitors.graphs.limits import Limits
-from monitors.privacy import PrivacyRules
+from monitors.privacy import MAX_JITTER, PrivacyRules
 from monitors.table import MonitorRules
 
 MiB = 1 << 20
 PROTOCOLS = ("5", "3.1.1")  # the MQTT versions the agent speaks
 MAX_BROKERS = 16  # broker URLs to fail over between
 CALIBRATIONS = ("full", "quick")  # full: a quick calibration found at start is redone in full, in the background
+SAMPLE_INTERVAL_S = (0.01, 3600)  # the accepted sample intervals, in seconds
+ESTIMATE_WORKERS = (1, 16)
+MIN_WORKER_MEMORY_MB = 512  # a worker holds about 300 MB of address space before it reads anything
+MAX_SESSION_EXPIRY_S = 0xFFFFFFFF  # MQTT v5's Session Expiry Interval is four bytes
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class AgentLimits:
     # Address space (RLIMIT_AS) of each helper process that reads a request's payload or graph: a hostile graph
     # fails there, with an error answer, instead of taking the device's memory.
     worker_memory_mb: int = 1024
+    # Monitors one owner (a client scope, or the shared topics) may hold: no one app takes the device's all.
+    max_monitors_per_owner: int = 100
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,188 @@ PASSWORD_CREDENTIAL = "broker-password"  # systemd's LoadCredential= name for th
 STATE_DIR_HELP = "default: $DAOP_STATE_DIR, else $STATE_DIRECTORY (systemd), else ~/.local/state/daop-agent"
 
 
+@dataclass(frozen=True)
+class Option:
+    """One configuration key, declared once: its default and its documentation. `load_config` takes its
+    type and default from here; docs/configuration.md's reference and examples/agent.toml are generated from
+    here (`python -m agent.config_reference`, checked by tests/test_agent_config.py).
+
+    A new key: its field (with its default) in the dataclass that holds it, one `Option` below that references
+    that default, one `_take` in `load_config`; then `python -m agent.config_reference --write`."""
+
+    section: str
+    key: str
+    kinds: tuple[type, ...]  # the TOML types accepted
+    default: Any  # what an absent key means; None: unset (`unset` says what happens then)
+    doc: str  # one line: what it does
+    valid: str = ""  # the values accepted beyond the type, as the reference shows them
+    unset: str = ""  # the default in words, where it is unset or computed (then after `default`, `or`)
+    example: Any = None  # examples/agent.toml's value for a key without a default (shown commented out)
+    flag: str = ""  # the `daop-agent run` flag that overrides it
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}"
+
+
+SECTIONS = {  # the TOML tables, in the order of the reference, and what each holds
+    "agent": "the agent itself",
+    "broker": "the MQTT broker the agent connects to",
+    "monitors": "how monitors answer (docs/mqtt.md \"Monitors and `seq`\")",
+    "limits": "how much the agent accepts (the \"Limits\" section below)",
+    "policy": "user rules under which nothing runs locally: meetsRequirement false, apps offload",
+    "privacy": "what one client can learn by asking (docs/security.md \"Probing\")",
+    "homeassistant": "Home Assistant MQTT discovery (docs/integrations.md)",
+    "metrics": "Prometheus metrics (docs/integrations.md)",
+}
+
+_NUMBER, _INT, _STR, _BOOL = (int, float), (int,), (str,), (bool,)
+_POSITIVE = "above 0"
+_PORT = "0 to 65535"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("agent", "device_id", _STR, None, "topic base daop/<device_id>/", "[A-Za-z0-9_-]{1,64}",
+           unset="the hostname, sanitised", example="kitchen-pi", flag="--device-id"),
+    Option("agent", "state_dir", _STR, None, "monitors, calibration, the private broker's files",
+           unset=STATE_DIR_HELP.removeprefix("default: "), example="/var/lib/daop-agent", flag="--state-dir"),
+    Option("agent", "calibration", _STR, Config.calibration,
+           "full: a quick calibration found at start is redone in full, in the background; "
+           "quick: keep a quick one as it is (slow devices)", " or ".join(CALIBRATIONS), flag="--calibration"),
+    Option("agent", "sample_interval_s", _NUMBER, Config.sample_interval_s,
+           "seconds between device samples and monitor evaluations",
+           f"{SAMPLE_INTERVAL_S[0]} to {SAMPLE_INTERVAL_S[1]}", flag="--sample-interval"),
+    Option("agent", "refresh_interval_s", _NUMBER, Config.refresh_interval_s,
+           "warm-refresh probe (present speed) at least this often, in seconds", _POSITIVE),
+    Option("agent", "sysfs_root", _STR, str(Config.sysfs_root), "the sysfs tree read (fixture trees, simulation)",
+           flag="--sysfs-root"),
+    Option("agent", "procfs_root", _STR, str(Config.procfs_root), "the procfs tree read", flag="--procfs-root"),
+    Option("agent", "estimate_workers", _INT, Config.estimate_workers,
+           "worker processes that import and plan request graphs", f"{ESTIMATE_WORKERS[0]} to {ESTIMATE_WORKERS[1]}"),
+    Option("agent", "local_broker", _BOOL, Config.local_broker,
+           "true: start a private Mosquitto on 127.0.0.1 for this agent, stopped on exit", flag="--local-broker"),
+    Option("agent", "web_port", _INT, Config.web_port,
+           "with local_broker: its MQTT-over-WebSockets port for web pages, password required "
+           "(daop-agent web-credentials; docs/web.md)", _PORT, unset="the local broker's port + 1; 0: none",
+           example=18831, flag="--web-port"),
+
+    Option("broker", "url", _STR, Broker().url,
+           "mqtt://[user[:pass]@]host[:port] (1883) or mqtts://... (8883); credentials in the URL win",
+           flag="--broker"),
+    Option("broker", "urls", (list,), None,
+           "a cluster's nodes, tried in turn: the next one after a loss (docs/fleet.md); not with url",
+           f"1 to {MAX_BROKERS} URLs", unset="[url]", example=["mqtt://node1:1883", "mqtt://node2:1883"],
+           flag="--broker (repeated)"),
+    Option("broker", "protocol", _STR, Broker.protocol,
+           "the MQTT version; 3.1.1 for brokers without v5 (RabbitMQ 3.x)", " or ".join(PROTOCOLS),
+           flag="--protocol"),
+    Option("broker", "session_expiry_s", _INT, Broker.session_expiry_s,
+           "keep the agent's session on the broker this long after a loss (docs/fleet.md); 0: a clean session "
+           "each connect", f"0 to {MAX_SESSION_EXPIRY_S}", flag="--session-expiry"),
+    Option("broker", "username", _STR, Broker.username,
+           "with the documented ACL, the username is the device id", example="kitchen-pi"),
+    Option("broker", "password", _STR, Broker.password, "the password; never logged",
+           unset="password_file, else the systemd credential broker-password", example="..."),
+    Option("broker", "password_file", _STR, None, "a file holding the password",
+           example="/etc/daop-agent/broker-password"),
+    Option("broker", "ca_file", _STR, Broker.ca_file, "TLS (mqtts://): the broker's CA",
+           example="/etc/daop-agent/ca.crt"),
+    Option("broker", "cert_file", _STR, Broker.cert_file, "TLS client certificate (with key_file)",
+           example="/etc/daop-agent/client.crt"),
+    Option("broker", "key_file", _STR, Broker.key_file, "TLS client key (with cert_file)",
+           example="/etc/daop-agent/client.key"),
+    Option("broker", "client_id", _STR, Broker.client_id, "the agent's MQTT client id",
+           unset="daop-agent-<device_id>", example="daop-agent-kitchen-pi"),
+    Option("broker", "keepalive_s", _INT, Broker.keepalive_s, "MQTT keep-alive, in seconds", _POSITIVE),
+
+    Option("monitors", "hysteresis_margin", _NUMBER, MonitorRules.margin,
+           "leave 'meets' at bound*(1+m), come back below bound*(1-m)", "0 to below 1"),
+    Option("monitors", "min_dwell_s", _NUMBER, MonitorRules.dwell_s, "keep a new value at least this long, in seconds",
+           "0 or more"),
+    Option("monitors", "max_events_per_minute", _INT, MonitorRules.max_events_per_minute, "per monitor",
+           "1 or more"),
+
+    Option("limits", "max_monitors", _INT, AgentLimits.max_monitors, "monitors per device", _POSITIVE),
+    Option("limits", "max_monitors_per_owner", _INT, AgentLimits.max_monitors_per_owner,
+           "monitors one owner (a client scope, or the shared topics) may hold", _POSITIVE),
+    Option("limits", "max_request_bytes", _INT, AgentLimits.max_request_bytes,
+           "one MQTT request (the broker's max_packet_size: examples/mosquitto.conf)", _POSITIVE),
+    Option("limits", "max_pending_bytes", _INT, AgentLimits.max_pending_bytes,
+           "request bytes held at once; beyond: busy", "at least max_request_bytes",
+           unset="2 x max_request_bytes where that is larger"),
+    Option("limits", "worker_memory_mb", _INT, AgentLimits.worker_memory_mb,
+           "address space of each estimator worker, in MB", f"{MIN_WORKER_MEMORY_MB} or more"),
+    Option("limits", "estimate_timeout_s", _NUMBER, AgentLimits.estimate_timeout_s,
+           "importing and planning one request's graph, in seconds", _POSITIVE),
+    # The graph limits: read by monitors/graphs/limits.py (Limits.from_mapping), which holds their defaults.
+    Option("limits", "max_nodes", _NUMBER, Limits.max_nodes, "graph nodes, subgraphs included", _POSITIVE),
+    Option("limits", "max_tensor_elements", _NUMBER, Limits.max_tensor_elements, "elements of any one tensor",
+           _POSITIVE),
+    Option("limits", "max_dim", _NUMBER, Limits.max_dim, "any one dimension of a tensor", _POSITIVE),
+    Option("limits", "max_rank", _NUMBER, Limits.max_rank, "dimensions of any one tensor", _POSITIVE),
+    Option("limits", "max_total_flops", _NUMBER, Limits.max_total_flops,
+           "2 x MACs of MatMul/Gemm/Conv/ConvTranspose/attention/RNN", _POSITIVE),
+    Option("limits", "max_graph_depth", _NUMBER, Limits.max_graph_depth,
+           "nesting of subgraphs (If/Loop/Scan bodies)", _POSITIVE),
+    Option("limits", "max_file_bytes", _NUMBER, Limits.max_file_bytes,
+           "model bytes passed inline (MQTT); a path may be larger", _POSITIVE),
+    Option("limits", "max_stripped_bytes", _NUMBER, Limits.max_stripped_bytes,
+           "the model once weights are stripped (topology and small tensors)", _POSITIVE),
+    Option("limits", "max_tensors", _NUMBER, Limits.max_tensors, "distinct tensor names", _POSITIVE),
+
+    Option("policy", "battery_floor_percent", _NUMBER, Policy.battery_floor_percent,
+           "on battery below this level, nothing runs locally", "0 to 100", unset="none", example=20),
+    Option("policy", "battery_release_percent", _NUMBER, Policy.battery_release_percent,
+           "the floor lifts again at floor + this, so a battery at the floor does not flap"),
+    Option("policy", "power_saver", _BOOL, Policy.power_saver,
+           "true: nothing runs locally while the power profile is one of power_saver_profiles"),
+    Option("policy", "power_saver_profiles", (list,), list(Policy.power_saver_profiles),
+           "platform profile / power-profiles-daemon names that mean power saving", "a list of strings"),
+
+    Option("privacy", "enabled", _BOOL, PrivacySettings.enabled,
+           "false: every request priced at the live speed against the contract's boundaries"),
+    Option("privacy", "jitter", _NUMBER, PrivacyRules.jitter,
+           "each tier boundary moved by up to this fraction, per client and period; 0: none", f"0 to {MAX_JITTER}"),
+    Option("privacy", "period_s", _NUMBER, PrivacyRules.period_s,
+           "how long a client's moved boundaries hold, in seconds", _POSITIVE),
+    Option("privacy", "hysteresis", _NUMBER, PrivacyRules.hysteresis,
+           "answers follow the live speed only when it moves this fraction; 0: at once", "0 to below 1"),
+    Option("privacy", "burst", _INT, PrivacySettings.burst,
+           "requests telling of the speed (estimate, meets, monitors/create) per client at once", _POSITIVE),
+    Option("privacy", "per_minute", _NUMBER, PrivacySettings.per_minute,
+           "... refilled at this rate; beyond: the error rate_limited with retryAfterS", _POSITIVE),
+    Option("privacy", "max_clients", _INT, PrivacySettings.max_clients,
+           "budgets kept; beyond, the longest unseen client's is forgotten", _POSITIVE),
+
+    Option("homeassistant", "enabled", _BOOL, HomeAssistantSettings.enabled,
+           "true: each monitor a binary sensor \"can run locally\""),
+    Option("homeassistant", "discovery_prefix", _STR, HomeAssistantSettings.discovery_prefix,
+           "Home Assistant's discovery topic prefix", "a topic without wildcards"),
+
+    Option("metrics", "port", _INT, MetricsSettings.port, "the endpoint's port (e.g. 9464); 0: none", _PORT),
+    Option("metrics", "address", _STR, MetricsSettings.address, "the address it listens on (loopback)"),
+    Option("metrics", "device_state", _BOOL, MetricsSettings.device_state,
+           "true: also slow-down, temperature, battery, load (they fingerprint the device)"),
+)
+
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def option(name: str) -> Option:
+    """The declaration of `section.key` (a KeyError names an undeclared one)."""
+    return _BY_NAME[name]
+
+
+def shown(value: Any) -> str:
+    """A value as TOML writes it (the example file, the reference, the CLI's help)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    return repr(value)
+
+
 def default_state_dir() -> Path:
     """The one default of every command: $DAOP_STATE_DIR, else systemd's $STATE_DIRECTORY, else the XDG state
     home."""
@@ -200,9 +393,12 @@ def _table(data: Mapping[str, Any], name: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _take(table: dict[str, Any], section: str, key: str, kinds: tuple[type, ...], default: Any) -> Any:
+def _take(table: dict[str, Any], section: str, key: str) -> Any:
+    """The key's value from its table, checked against its declared type, else its declared default."""
+    opt = option(f"{section}.{key}")
+    kinds = opt.kinds
     if key not in table:
-        return default
+        return opt.default
     value = table.pop(key)
     if isinstance(value, bool) and bool not in kinds:
         raise BadInput(f"config: {section}.{key} must be {'/'.join(k.__name__ for k in kinds)}, not {value!r}")
@@ -236,7 +432,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
             raise BadInput(f"cannot read config {path}: {exc.strerror or exc}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise BadInput(f"config {path} is not valid TOML: {exc}") from None
-    known_sections = {"agent", "broker", "monitors", "limits", "policy", "homeassistant", "metrics", "privacy"}
+    known_sections = set(SECTIONS)
     unknown = set(data) - known_sections
     if unknown:
         raise BadInput(f"config: unknown section{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))}; "
@@ -244,38 +440,41 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
 
     a = _table(data, "agent")
-    device_id = check_device_id(over.get("device_id", _take(a, "agent", "device_id", (str,), None)
+    device_id = check_device_id(over.get("device_id", _take(a, "agent", "device_id")
                                          or default_device_id()))
-    state_dir = Path(over.get("state_dir") or _take(a, "agent", "state_dir", (str,), None) or default_state_dir())
-    sample = float(over.get("sample_interval_s", _take(a, "agent", "sample_interval_s", (int, float), 1.0)))
-    if not (0.01 <= sample <= 3600):
-        raise BadInput(f"sample interval must be between 0.01 and 3600 seconds, not {sample}")
-    refresh = _positive(float(_take(a, "agent", "refresh_interval_s", (int, float), 60.0)), "agent.refresh_interval_s")
-    sysfs = Path(over.get("sysfs_root") or _take(a, "agent", "sysfs_root", (str,), "/sys"))
-    procfs = Path(over.get("procfs_root") or _take(a, "agent", "procfs_root", (str,), "/proc"))
-    workers = int(_take(a, "agent", "estimate_workers", (int,), 2))
-    if not 1 <= workers <= 16:
-        raise BadInput(f"config: agent.estimate_workers must be 1 to 16, not {workers}")
-    local_broker = bool(over.get("local_broker", _take(a, "agent", "local_broker", (bool,), False)))
-    web_port = over.get("web_port", _take(a, "agent", "web_port", (int,), None))
+    state_dir = _take(a, "agent", "state_dir")  # taken before the flag, so a flag over the file is no unknown key
+    state_dir = Path(over.get("state_dir") or state_dir or default_state_dir())
+    sample = float(over.get("sample_interval_s", _take(a, "agent", "sample_interval_s")))
+    low, high = SAMPLE_INTERVAL_S
+    if not (low <= sample <= high):
+        raise BadInput(f"sample interval must be between {low} and {high} seconds, not {sample}")
+    refresh = _positive(float(_take(a, "agent", "refresh_interval_s")), "agent.refresh_interval_s")
+    sysfs, procfs = _take(a, "agent", "sysfs_root"), _take(a, "agent", "procfs_root")
+    sysfs, procfs = Path(over.get("sysfs_root") or sysfs), Path(over.get("procfs_root") or procfs)
+    workers = int(_take(a, "agent", "estimate_workers"))
+    if not ESTIMATE_WORKERS[0] <= workers <= ESTIMATE_WORKERS[1]:
+        raise BadInput(f"config: agent.estimate_workers must be {ESTIMATE_WORKERS[0]} to {ESTIMATE_WORKERS[1]}, "
+                       f"not {workers}")
+    local_broker = bool(over.get("local_broker", _take(a, "agent", "local_broker")))
+    web_port = over.get("web_port", _take(a, "agent", "web_port"))
     if web_port is not None and not 0 <= web_port < 65536:
         raise BadInput(f"web port must be 1 to 65535 (0: no WebSockets listener), not {web_port}")
-    calibration = over.get("calibration", _take(a, "agent", "calibration", (str,), "full"))
+    calibration = over.get("calibration", _take(a, "agent", "calibration"))
     if calibration not in CALIBRATIONS:
         raise BadInput(f"config: agent.calibration must be {' or '.join(CALIBRATIONS)}, not {calibration!r}")
     _no_leftovers(a, "agent")
 
     b = _table(data, "broker")
     broker = Broker(
-        username=_take(b, "broker", "username", (str,), None),
-        password=_take(b, "broker", "password", (str,), None),
-        ca_file=_take(b, "broker", "ca_file", (str,), None),
-        cert_file=_take(b, "broker", "cert_file", (str,), None),
-        key_file=_take(b, "broker", "key_file", (str,), None),
-        client_id=_take(b, "broker", "client_id", (str,), None),
-        keepalive_s=int(_positive(_take(b, "broker", "keepalive_s", (int,), 30), "broker.keepalive_s")),
+        username=_take(b, "broker", "username"),
+        password=_take(b, "broker", "password"),
+        ca_file=_take(b, "broker", "ca_file"),
+        cert_file=_take(b, "broker", "cert_file"),
+        key_file=_take(b, "broker", "key_file"),
+        client_id=_take(b, "broker", "client_id"),
+        keepalive_s=int(_positive(_take(b, "broker", "keepalive_s"), "broker.keepalive_s")),
     )
-    password_file = _take(b, "broker", "password_file", (str,), None)
+    password_file = _take(b, "broker", "password_file")
     if password_file:
         try:
             broker = replace(broker, password=Path(password_file).read_text(encoding="utf-8").strip())
@@ -283,12 +482,12 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
             raise BadInput(f"cannot read broker password file {password_file}: {exc.strerror or exc}") from None
     if broker.password is None:
         broker = replace(broker, password=credential(PASSWORD_CREDENTIAL))
-    protocol = str(over.get("protocol", _take(b, "broker", "protocol", (str,), "5")))
+    protocol = str(over.get("protocol", _take(b, "broker", "protocol")))
     if protocol not in PROTOCOLS:
         raise BadInput(f"broker protocol must be {' or '.join(PROTOCOLS)}, not {protocol!r}")
-    expiry = over.get("session_expiry_s", _take(b, "broker", "session_expiry_s", (int,), 0))
-    if not 0 <= expiry <= 0xFFFFFFFF:
-        raise BadInput(f"broker session expiry must be 0 to 4294967295 seconds, not {expiry}")
+    expiry = over.get("session_expiry_s", _take(b, "broker", "session_expiry_s"))
+    if not 0 <= expiry <= MAX_SESSION_EXPIRY_S:
+        raise BadInput(f"broker session expiry must be 0 to {MAX_SESSION_EXPIRY_S} seconds, not {expiry}")
     broker = replace(broker, protocol=protocol, session_expiry_s=int(expiry))
     urls = _broker_urls(b, over.get("broker"))
     _no_leftovers(b, "broker")
@@ -305,39 +504,42 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     m = _table(data, "monitors")
     try:
         rules = MonitorRules(
-            margin=float(_take(m, "monitors", "hysteresis_margin", (int, float), 0.10)),
-            dwell_s=float(_take(m, "monitors", "min_dwell_s", (int, float), 2.0)),
-            max_events_per_minute=int(_take(m, "monitors", "max_events_per_minute", (int,), 6)),
+            margin=float(_take(m, "monitors", "hysteresis_margin")),
+            dwell_s=float(_take(m, "monitors", "min_dwell_s")),
+            max_events_per_minute=int(_take(m, "monitors", "max_events_per_minute")),
         )
     except ValueError as exc:
         raise BadInput(f"config: [monitors] {exc}") from None
     _no_leftovers(m, "monitors")
 
     lim = _table(data, "limits")
-    max_monitors = int(_positive(_take(lim, "limits", "max_monitors", (int,), 1000), "limits.max_monitors"))
-    def positive(key: str, kinds: tuple[type, ...], default: float) -> float:
-        return _positive(_take(lim, "limits", key, kinds, default), f"limits.{key}")
+    max_monitors = int(_positive(_take(lim, "limits", "max_monitors"), "limits.max_monitors"))
+    def positive(key: str) -> float:
+        return _positive(_take(lim, "limits", key), f"limits.{key}")
 
-    max_request = int(positive("max_request_bytes", (int,), 16 * MiB))
-    timeout = float(positive("estimate_timeout_s", (int, float), 20.0))
-    pending = int(positive("max_pending_bytes", (int,), max(64 * MiB, 2 * max_request)))
+    max_request = int(positive("max_request_bytes"))
+    timeout = float(positive("estimate_timeout_s"))
+    pending = int(_positive(_take(lim, "limits", "max_pending_bytes") if "max_pending_bytes" in lim
+                            else max(option("limits.max_pending_bytes").default, 2 * max_request),
+                            "limits.max_pending_bytes"))
     if pending < max_request:
         raise BadInput(f"config: limits.max_pending_bytes ({pending}) must be at least limits.max_request_bytes "
                        f"({max_request})")
-    worker_mb = int(_positive(_take(lim, "limits", "worker_memory_mb", (int,), 1024),
+    worker_mb = int(_positive(_take(lim, "limits", "worker_memory_mb"),
                               "limits.worker_memory_mb"))
-    if worker_mb < 512:  # a worker holds about 300 MB of address space before it reads anything
-        raise BadInput(f"config: limits.worker_memory_mb must be at least 512, not {worker_mb}")
+    if worker_mb < MIN_WORKER_MEMORY_MB:
+        raise BadInput(f"config: limits.worker_memory_mb must be at least {MIN_WORKER_MEMORY_MB}, not {worker_mb}")
+    per_owner = int(positive("max_monitors_per_owner"))
     graph_limits = Limits.from_mapping(lim)  # the rest are graph limits; unknown keys are refused there
-    limits = AgentLimits(max_monitors, max_request, timeout, graph_limits, pending, worker_mb)
+    limits = AgentLimits(max_monitors, max_request, timeout, graph_limits, pending, worker_mb, per_owner)
 
     p = _table(data, "policy")
-    floor = _take(p, "policy", "battery_floor_percent", (int, float), None)
+    floor = _take(p, "policy", "battery_floor_percent")
     if floor is not None and not 0 <= floor <= 100:
         raise BadInput(f"config: policy.battery_floor_percent must be 0 to 100, not {floor}")
-    release = float(_take(p, "policy", "battery_release_percent", (int, float), 3.0))
-    saver = _take(p, "policy", "power_saver", (bool,), False)
-    profiles = _take(p, "policy", "power_saver_profiles", (list,), list(Policy.power_saver_profiles))
+    release = float(_take(p, "policy", "battery_release_percent"))
+    saver = _take(p, "policy", "power_saver")
+    profiles = _take(p, "policy", "power_saver_profiles")
     if not all(isinstance(x, str) for x in profiles):
         raise BadInput("config: policy.power_saver_profiles must be a list of strings")
     _no_leftovers(p, "policy")
@@ -353,16 +555,14 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
 
 def _broker_urls(b: dict[str, Any], flag: str | list[str] | None) -> list[str]:
     """The broker URLs in order: the flags' (repeated --broker), else `url` or `urls` from the file."""
-    url = _take(b, "broker", "url", (str,), None)
-    urls = _take(b, "broker", "urls", (list,), None)
-    if url is not None and urls is not None:
+    both, given = "url" in b and "urls" in b, "urls" in b
+    url, urls = _take(b, "broker", "url"), _take(b, "broker", "urls")
+    if both:
         raise BadInput("config: give broker.url or broker.urls, not both")
     if flag is not None:
         urls = [flag] if isinstance(flag, str) else list(flag)
-    elif url is not None:
+    elif not given:
         urls = [url]
-    elif urls is None:
-        urls = ["mqtt://localhost:1883"]
     if not urls or not all(isinstance(u, str) for u in urls):
         raise BadInput("config: broker.urls must be a non-empty list of URLs")
     if len(urls) > MAX_BROKERS:
@@ -371,8 +571,8 @@ def _broker_urls(b: dict[str, Any], flag: str | list[str] | None) -> list[str]:
 
 
 def _homeassistant(t: dict[str, Any]) -> HomeAssistantSettings:
-    enabled = _take(t, "homeassistant", "enabled", (bool,), False)
-    prefix = _take(t, "homeassistant", "discovery_prefix", (str,), "homeassistant")
+    enabled = _take(t, "homeassistant", "enabled")
+    prefix = _take(t, "homeassistant", "discovery_prefix")
     if not prefix or any(c in prefix for c in "+#\0") or prefix.startswith("/") or prefix.endswith("/"):
         raise BadInput(f"config: homeassistant.discovery_prefix must be a topic without wildcards, not {prefix!r}")
     _no_leftovers(t, "homeassistant")
@@ -380,29 +580,29 @@ def _homeassistant(t: dict[str, Any]) -> HomeAssistantSettings:
 
 
 def _metrics(t: dict[str, Any]) -> MetricsSettings:
-    port = _take(t, "metrics", "port", (int,), 0)
+    port = _take(t, "metrics", "port")
     if not 0 <= port < 65536:
         raise BadInput(f"config: metrics.port must be 1 to 65535 (0: no metrics), not {port}")
-    address = _take(t, "metrics", "address", (str,), "127.0.0.1")
-    device_state = _take(t, "metrics", "device_state", (bool,), False)
+    address = _take(t, "metrics", "address")
+    device_state = _take(t, "metrics", "device_state")
     _no_leftovers(t, "metrics")
     return MetricsSettings(port, address, device_state)
 
 
 def _privacy(t: dict[str, Any]) -> PrivacySettings:
-    enabled = _take(t, "privacy", "enabled", (bool,), True)
+    enabled = _take(t, "privacy", "enabled")
     try:
         rules = PrivacyRules(
-            jitter=float(_take(t, "privacy", "jitter", (int, float), PrivacyRules.jitter)),
-            period_s=float(_take(t, "privacy", "period_s", (int, float), PrivacyRules.period_s)),
-            hysteresis=float(_take(t, "privacy", "hysteresis", (int, float), PrivacyRules.hysteresis)),
+            jitter=float(_take(t, "privacy", "jitter")),
+            period_s=float(_take(t, "privacy", "period_s")),
+            hysteresis=float(_take(t, "privacy", "hysteresis")),
         )
     except ValueError as exc:
         raise BadInput(f"config: [privacy] {exc}") from None
-    burst = int(_positive(_take(t, "privacy", "burst", (int,), PrivacySettings.burst), "privacy.burst"))
-    per_minute = float(_positive(_take(t, "privacy", "per_minute", (int, float), PrivacySettings.per_minute),
+    burst = int(_positive(_take(t, "privacy", "burst"), "privacy.burst"))
+    per_minute = float(_positive(_take(t, "privacy", "per_minute"),
                                  "privacy.per_minute"))
-    max_clients = int(_positive(_take(t, "privacy", "max_clients", (int,), PrivacySettings.max_clients),
+    max_clients = int(_positive(_take(t, "privacy", "max_clients"),
                                 "privacy.max_clients"))
     _no_leftovers(t, "privacy")
     return PrivacySettings(enabled, rules, burst, per_minute, max_clients)

@@ -5,13 +5,27 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from agent.config import Broker, default_device_id, default_state_dir, load_config, parse_broker_url
+from agent import config_reference
+from agent.config import (
+    OPTIONS,
+    SECTIONS,
+    Broker,
+    Config,
+    default_device_id,
+    default_state_dir,
+    load_config,
+    option,
+    parse_broker_url,
+    shown,
+)
 from agent.mqtt_link import max_packet_bytes
 from monitors.errors import BadInput
+from monitors.graphs.limits import Limits
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -245,3 +259,89 @@ def test_integration_settings_are_checked(tmp_path: Path, text: str, expected: s
     config.write_text(text)
     with pytest.raises(BadInput, match=expected):
         load_config(config, {"state_dir": str(tmp_path)})
+
+
+def test_the_docs_reference_and_the_example_are_the_declarations_output():
+    """docs/configuration.md's key tables and examples/agent.toml are generated from OPTIONS: edit one without
+    the other and this fails (python -m agent.config_reference --write rewrites both)."""
+    docs = (REPO / "docs" / "configuration.md").read_text()
+    hint = "changed OPTIONS? run: python -m agent.config_reference --write"
+    assert config_reference.docs_with_reference(docs) == docs, hint
+    assert (REPO / "examples" / "agent.toml").read_text() == config_reference.toml(), hint
+    for opt in OPTIONS:
+        assert f"| `{opt.key}` |" in docs and f"{opt.key} = " in config_reference.toml()
+    assert config_reference.main(["--check"]) == 0
+
+
+def test_the_dataclass_defaults_the_loader_and_the_example_agree(monkeypatch):
+    """No file, the example file (every declared default written out) and the dataclasses' own defaults make the
+    same configuration."""
+    for name in ("DAOP_STATE_DIR", "STATE_DIRECTORY", "XDG_STATE_HOME", "CREDENTIALS_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(None)
+    assert load_config(REPO / "examples" / "agent.toml") == cfg
+    assert Config(device_id=cfg.device_id, state_dir=cfg.state_dir) == cfg
+    assert cfg.limits.max_monitors_per_owner == option("limits.max_monitors_per_owner").default == 100
+
+
+def test_every_declared_key_is_read_and_every_key_read_is_declared(tmp_path: Path):
+    assert set(SECTIONS) == {o.section for o in OPTIONS}
+    assert {f.name for f in fields(Limits)} <= {o.key for o in OPTIONS if o.section == "limits"}
+    for opt in OPTIONS:
+        value = opt.default if opt.default is not None else opt.example
+        path = write(tmp_path, f"[{opt.section}]\n{opt.key} = {shown(value)}\n")
+        try:
+            load_config(path, {"state_dir": str(tmp_path)})
+        except BadInput as exc:  # a TLS file that is not there, say; never an unknown key
+            assert "unknown" not in str(exc), opt.name
+    with pytest.raises(KeyError):
+        option("agent.not_declared")
+
+
+def test_run_help_shows_the_declared_defaults():
+    result = subprocess.run([sys.executable, "-m", "agent", "run", "--help"], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    text = " ".join(result.stdout.split())
+    for name in ("agent.sample_interval_s", "broker.protocol", "broker.session_expiry_s", "agent.sysfs_root"):
+        assert str(option(name).default) in text, name
+    assert f"(default {option('agent.sample_interval_s').default})" in text
+
+
+def _edges(valid: str, integer: bool) -> tuple[list[float], list[float]]:
+    """Values the declaration's `valid` says are accepted, and values just beyond them that it says are not."""
+    step = 1 if integer else 0.01
+    words = valid.split()
+    if valid == "above 0":
+        return [1], [0, -1]
+    if valid.endswith(" or more"):
+        low = float(words[0])
+        return [low], [low - step]
+    if valid.startswith("0 to below "):
+        high = float(words[-1])
+        return [0, high - step], [-step, high]
+    if len(words) == 3 and words[1] == "to":
+        low, high = float(words[0]), float(words[2])
+        return [low, high], [low - step, high + step]
+    return [], []
+
+
+def test_the_declared_bounds_are_the_loaders(tmp_path: Path):
+    """Each numeric key's declared range (as the reference shows it) is what the loader accepts: its edges load,
+    one step beyond them is one clear line."""
+    checked = 0
+    for opt in OPTIONS:
+        integer = opt.kinds == (int,)
+        good, bad = _edges(opt.valid, integer)
+        if opt.kinds in ((int,), (int, float)) and opt.valid and opt.valid != "at least max_request_bytes":
+            assert good and bad, f"{opt.name}: the test cannot read {opt.valid!r}"
+        for value, accepted in [(v, True) for v in good] + [(v, False) for v in bad]:
+            shown_value = str(int(value)) if integer or value == int(value) else repr(value)
+            path = write(tmp_path, f"[{opt.section}]\n{opt.key} = {shown_value}\n")
+            if accepted:
+                load_config(path, {"state_dir": str(tmp_path)})
+            else:
+                with pytest.raises(BadInput) as info:
+                    load_config(path, {"state_dir": str(tmp_path)})
+                assert "\n" not in str(info.value), opt.name
+            checked += 1
+    assert checked > 60  # every numeric key, not none

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from agent.config import CALIBRATIONS, PROTOCOLS, STATE_DIR_HELP, load_config, parse_broker_url
+from agent.config import CALIBRATIONS, PROTOCOLS, STATE_DIR_HELP, load_config, option, parse_broker_url
 from agent.local_broker import DEFAULT_PORT, LocalBroker
 from agent.mosquitto import port_in_use
 from agent.mqtt_link import max_packet_bytes
@@ -17,28 +17,40 @@ from monitors.errors import BadInput
 HELP = "Run the agent: device monitors and the MQTT API (what the systemd unit starts)."
 
 
+def default(name: str) -> str:
+    """A key's declared default, as its flag's help shows it."""
+    return str(option(name).default)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML configuration (see examples/agent.toml)")
     p.add_argument("--broker", metavar="URL", action="append",
                    help="mqtt://[user:pass@]host[:port] or mqtts://...; repeat it for a cluster's nodes: after a loss "
                         "the agent connects to the next one")
-    p.add_argument("--protocol", choices=PROTOCOLS, help="MQTT version (default 5; 3.1.1 for brokers without v5)")
+    p.add_argument("--protocol", choices=PROTOCOLS,
+                   help=f"MQTT version (default {default('broker.protocol')}; 3.1.1 for brokers without v5)")
     p.add_argument("--session-expiry", metavar="S", type=int,
-                   help="keep the agent's MQTT session on the broker S seconds after a loss (default 0: clean)")
-    p.add_argument("--device-id", metavar="ID", help="topic base daop/<ID>/ (default: the hostname)")
+                   help=f"keep the agent's MQTT session on the broker S seconds after a loss "
+                        f"(default {default('broker.session_expiry_s')}; 0: clean)")
+    p.add_argument("--device-id", metavar="ID",
+                   help=f"topic base daop/<ID>/ (default: {option('agent.device_id').unset})")
     p.add_argument("--state-dir", metavar="DIR", help=f"monitors, calibration, the private broker's files "
                                                       f"({STATE_DIR_HELP})")
-    p.add_argument("--sysfs-root", metavar="DIR", help="read DIR instead of /sys")
-    p.add_argument("--procfs-root", metavar="DIR", help="read DIR instead of /proc")
-    p.add_argument("--sample-interval", metavar="S", type=float, help="seconds between device samples (default 1)")
-    p.add_argument("--local-broker", metavar="PORT", nargs="?", type=int, const=18830,
-                   help="start a private Mosquitto on 127.0.0.1:PORT (default 18830) for the agent and stop it on exit")
+    p.add_argument("--sysfs-root", metavar="DIR", help=f"read DIR instead of {default('agent.sysfs_root')}")
+    p.add_argument("--procfs-root", metavar="DIR", help=f"read DIR instead of {default('agent.procfs_root')}")
+    p.add_argument("--sample-interval", metavar="S", type=float,
+                   help=f"seconds between device samples (default {default('agent.sample_interval_s')})")
+    p.add_argument("--local-broker", metavar="PORT", nargs="?", type=int, const=DEFAULT_PORT,
+                   help=f"start a private Mosquitto on 127.0.0.1:PORT (default {DEFAULT_PORT}) for the agent and stop "
+                        "it on exit")
     p.add_argument("--web-port", metavar="PORT", type=int,
                    help="with --local-broker: MQTT over WebSockets for web pages on 127.0.0.1:PORT, password "
-                        "required (default: the broker's port + 1, 18831; 0: none); see daop-agent web-credentials")
+                        f"required (default: the broker's port + 1, {DEFAULT_PORT + 1}; 0: none); see daop-agent "
+                        "web-credentials")
     p.add_argument("--calibration", choices=CALIBRATIONS,
-                   help="full (default): a quick calibration found at start is redone in full in the background; "
-                        "quick: serve on a quick one as it is (and make a quick one where there is none)")
+                   help=f"default {default('agent.calibration')}. full: a quick calibration found at start is redone "
+                        "in full in the background; quick: serve on a quick one as it is (and make a quick one "
+                        "where there is none)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
