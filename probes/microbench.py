@@ -506,23 +506,44 @@ class MemoryLevels:
     rates: tuple[tuple[int, float], ...]  # (working set, bytes per second), as measured
 
 
-def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
+# The largest working set the memory sweep reads: the weights of a float32 LLM of half a billion parameters (a
+# decode step streams them all, the LM head of a 152k vocabulary alone 545 MB). A read of a few times the cache
+# still gets more than the bus sustains for gigabytes: 54 GB/s at 256 MiB, 40 GB/s at 2 GB on one AMD EPYC VM.
+STREAM_BYTES = 2 ** 31
+SWEEP_WIDTH = 4096  # the sweep's weights are k x SWEEP_WIDTH float32
+
+
+def memory_sweep_sizes(reported_cache: int, cap: int) -> list[int]:
+    """Working sets, whole rows of the sweep's weights: by factors of sqrt(2) from 1 MiB to eight times the
+    reported cache (where the cache ends; at most 512 MiB), then by factors of 2 up to `cap` (where memory's
+    rate settles)."""
+    row = 4 * SWEEP_WIDTH
+    fine_top = min(cap, max(8 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20)
+    sizes = [2 ** (k / 2) for k in range(40, 80) if 2 ** (k / 2) <= fine_top]
+    while sizes and 2 * sizes[-1] <= cap:
+        sizes.append(2 * sizes[-1])
+    return [round(s / row) * row for s in sizes]
+
+
+def measure_memory(reported_cache: int, reads: int = 2 ** 28, largest: int = STREAM_BYTES) -> MemoryLevels:
     """onnxruntime's vector-matrix products (a decode step's MatMul) over working sets that grow by a
-    factor of sqrt(2) from 1 MiB to eight times the reported cache (at most 512 MiB, and a quarter of
-    the free memory): the read rate drops where the cache ends, over a factor of several (a cyclic read
-    a little beyond it still hits it in part; on a 2-core AMD EPYC VM with a 32 MiB L3 reported, it
-    fell from 70 GB/s at 11 MiB to 33 at 64 MiB and settled at 30 from 128 MiB).
+    factor of sqrt(2) from 1 MiB to eight times the reported cache, then by factors of 2 up to `largest`
+    (2 GiB: a float32 LLM's weights; at most a quarter of the free memory): the read rate drops where the
+    cache ends, over a factor of several (a cyclic read a little beyond it still hits it in part; on a
+    2-core AMD EPYC VM with a 32 MiB L3 reported, it fell from 70 GB/s at 11 MiB to 33 at 64 MiB and settled
+    at 30 from 128 MiB), and goes on falling slowly up to the gigabytes a decode step streams (on another
+    EPYC VM, 54 GB/s at 256 MiB, 40 GB/s for a 2 GB decode step).
 
     onnxruntime's own kernel, not numpy's matrix-vector product: on that machine numpy read 1.3-1.4x
     as fast beyond the cache (40 against 30 GB/s), and a decode step of distilgpt2 ran at 27. The
     weights are an input here, so one session serves every size; the rate is the same as for weights
-    held by the session. Each working set is read `reads` bytes' worth, at least three times; the
-    fastest pass counts.
+    held by the session. Each working set is read `reads` bytes' worth, at least three times up to
+    256 MiB (once beyond 1 GiB), in three rounds; the fastest round counts.
     """
-    width = 4096
-    cap = min(max(8 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20, psutil.virtual_memory().available // 4)
+    width = SWEEP_WIDTH
+    cap = min(largest, psutil.virtual_memory().available // 4)
     row = 4 * width
-    sizes = [round(2 ** (k / 2) / row) * row for k in range(40, 60) if 2 ** (k / 2) <= cap]  # whole rows
+    sizes = memory_sweep_sizes(reported_cache, cap)
     if len(sizes) < 2:
         return MemoryLevels(reported_cache, 0.0, ())
     weights = np.full((sizes[-1] // row, width), 0.01, np.float32)
@@ -531,7 +552,7 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
     rates = []
     for size in sizes:
         feeds = {"x": vector[:, : size // row], "w": weights[: size // row]}  # contiguous: no copies
-        passes = max(3, reads // size)
+        passes = max(1, min(3, 2 ** 30 // size), reads // size)
         session.run(None, feeds)
         best = math.inf
         for _ in range(3):
