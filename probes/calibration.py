@@ -63,7 +63,8 @@ class Calibration:
     stream_bytes_per_s: float = 0.0  # weights read from memory when they cannot stay cached (0: unmeasured)
     cache_bytes: int = 0  # the cache weights stay in between inferences, as measured (0: unmeasured)
     read_rates: tuple[tuple[int, float], ...] = ()  # (working set bytes, bytes/s read cyclically over it)
-    # block-quantized weights beyond the cache, by compute family: (working set bytes, bytes/s, s per kernel)
+    # weights beyond the cache as a decode step's kernels read them, by compute family (block-quantized ones, and
+    # "gemm": float32 ones held and prepacked by the session): (working set bytes, bytes/s, s per kernel)
     quantized_read_rates: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     @property

@@ -538,7 +538,8 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28, largest: int = STR
     as fast beyond the cache (40 against 30 GB/s), and a decode step of distilgpt2 ran at 27. The
     weights are an input here, so one session serves every size; the rate is the same as for weights
     held by the session. Each working set is read `reads` bytes' worth, at least three times up to
-    256 MiB (once beyond 1 GiB), in three rounds; the fastest round counts.
+    256 MiB (once beyond 1 GiB), in three rounds; the fastest round counts (from 512 MiB on, the first round
+    is also the warm-up: nothing of such a set stays in the cache from one read to the next).
     """
     width = SWEEP_WIDTH
     cap = min(largest, psutil.virtual_memory().available // 4)
@@ -553,7 +554,8 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28, largest: int = STR
     for size in sizes:
         feeds = {"x": vector[:, : size // row], "w": weights[: size // row]}  # contiguous: no copies
         passes = max(1, min(3, 2 ** 30 // size), reads // size)
-        session.run(None, feeds)
+        if size < 2 ** 29:  # beyond, nothing stays warm from one read to the next: the first round is the warm-up
+            session.run(None, feeds)
         best = math.inf
         for _ in range(3):
             t0 = time.perf_counter()
@@ -619,6 +621,60 @@ class QuantizedReads:
             streaming = max(large - self.LARGE * per_kernel, 1e-6)
             out[family] = (self.bytes, self.bytes / streaming, per_kernel)
         return out
+
+
+class FloatReads:
+    """How a float decode step reads its weights from memory: a chain of one-row MatMuls over different float32
+    weights that the session holds (and prepacks, as it does a model's), 512 MiB in all (on the Xeon below, 415
+    MiB read as fast as 1.6 GiB; at most an eighth of the free memory: the session keeps a packed copy beside them).
+
+    The sweep's one product over an input matrix is not read the same way: on a 16-core Intel Xeon host such
+    a chain read 80-97 GB/s where the sweep read 64-68 at 1-2 GiB, and on a 2-core AMD EPYC VM a 2 GB decode
+    step read 40 GB/s where the sweep read 54 at 256 MiB. The cost model prices a float product's streamed
+    weights at this rate relative to the sweep's at this working set (CostModel.read_share), as it does
+    block-quantized ones (QuantizedReads). The weights reach the session from memory
+    (add_external_initializers): no model file, no 2 GB protobuf limit. Made once; each pass times it again.
+    """
+
+    K, N = 1024, 8192  # 32 MiB of weights a kernel, as an LM head's slice or a 7B model's projection
+
+    def __init__(self, total: int | None = None) -> None:
+        if total is None:
+            total = min(STREAM_BYTES // 4, psutil.virtual_memory().available // 8)
+        per_kernel = 4 * self.K * self.N
+        count = max(2, total // per_kernel)
+        self.bytes = count * per_kernel
+        self.weights = [np.full((self.K, self.N), 0.01 + 1e-4 * i, np.float32) for i in range(count)]  # distinct:
+        # onnxruntime shares equal initializers, and one matrix read count times stays in the cache
+        names = [f"w{i}" for i in range(count)]
+        inits = []
+        for name in names:
+            tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[self.K, self.N])
+            tensor.data_location = TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value="in-memory")
+            inits.append(tensor)
+        nodes = [helper.make_node("MatMul", ["x", name], [f"y{i}"]) for i, name in enumerate(names)]
+        outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, self.N]) for i in range(count)]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.K])
+        g = helper.make_graph(nodes, "float_reads", [x], outs, inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+        m.ir_version = IR_VERSION
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(w) for w in self.weights])
+        self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.x = np.full((1, self.K), 0.5, np.float32)
+
+    def measure(self) -> tuple[int, float, float]:
+        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest of
+        five runs."""
+        self.session.run(None, {"x": self.x})
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            self.session.run(None, {"x": self.x})
+            best = min(best, time.perf_counter() - t0)
+        return self.bytes, self.bytes / best, 0.0
 
 
 def _vector_matrix_session(width: int) -> ort.InferenceSession:
@@ -699,6 +755,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # describe the same quiet device as the tables, and a host's slow phase can outlast three refreshes in a row.
     refreshes: list[dict[str, float]] = []
     quantized: QuantizedReads | None = None
+    floats: FloatReads | None = None
     quantized_rates: dict[str, tuple[int, float, float]] = {}
     for _ in range(passes):
         for grid, pts in plan:
@@ -711,9 +768,9 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             sweeps.append(measure_memory(reported_cache))
-            if quantized is None:
-                quantized = QuantizedReads(reported_cache, rng)
-            for family, reading in quantized.measure().items():
+            if quantized is None or floats is None:
+                quantized, floats = QuantizedReads(reported_cache, rng), FloatReads()
+            for family, reading in [*quantized.measure().items(), ("gemm", floats.measure())]:
                 if family not in quantized_rates or reading[1] > quantized_rates[family][1]:
                     quantized_rates[family] = reading
             refreshes.append(refresh.measure())

@@ -12,6 +12,7 @@ from probes.calibration import COMPUTE_FAMILIES, Calibration, FamilyTable, work_
 from probes.microbench import (
     CHAIN_LONG,
     CHAIN_SHORT,
+    FloatReads,
     MemoryLevels,
     _model,
     _point,
@@ -209,6 +210,30 @@ def test_a_decode_step_of_gigabytes_streams_at_the_rate_measured_for_gigabytes_n
     assert cm.weight_read_rate(512 * mib) == pytest.approx((2.7e9 * 2.25e9) ** 0.5)  # log-log between the two
     short = CostModel(Calibration(**cal, read_rates=rates[:3]))  # a sweep that stopped at 256 MiB, as before
     assert short.seconds(_gemv_plan(side)) < 0.8 * cm.seconds(_gemv_plan(side))
+
+
+def test_float_reads_chain_distinct_weights_held_by_the_session_real_onnxruntime():
+    reads = FloatReads(total=2 * 4 * FloatReads.K * FloatReads.N)  # two kernels of 32 MiB
+    size, rate, per_kernel = reads.measure()
+    assert size == 2 * 4 * FloatReads.K * FloatReads.N and rate > 1e8 and per_kernel == 0.0
+    ys = reads.session.run(None, {"x": reads.x})  # each kernel read its own weights, from memory, not a file
+    assert [float(y[0, 0]) for y in ys] == pytest.approx([0.5 * FloatReads.K * (0.01 + 1e-4 * i) for i in range(2)],
+                                                         rel=1e-4)
+
+
+def test_a_float_decode_step_streams_at_the_rate_its_own_kernels_read_relative_to_the_sweep():
+    mib = 2 ** 20
+    rates = ((16 * mib, 7.5e9), (256 * mib, 2.7e9), (1024 * mib, 2.25e9), (2048 * mib, 2e9))
+    cal = dict(fingerprint={"device": "cpu"}, tables={"gemm": _gemm_table()}, per_kernel_s=0.0, per_run_s=0.0,
+               stream_bytes_per_s=2e9, cache_bytes=16 * mib, read_rates=rates)
+    side = 23170  # 2 GiB of float32 weights, one row times them
+    sweep = CostModel(Calibration(**cal)).seconds(_gemv_plan(side))
+    # a chain of held, prepacked weights read 1.3x as fast as the sweep at 1 GiB (a 16-core Xeon) or 0.74x (a VM)
+    for share in (1.3, 0.74):
+        chained = CostModel(Calibration(**cal, quantized_read_rates={"gemm": (1024 * mib, share * 2.25e9, 0.0)}))
+        assert chained.read_share("gemm") == pytest.approx(share)
+        assert chained.seconds(_gemv_plan(side)) == pytest.approx(sweep / share, rel=1e-3)
+    assert CostModel(Calibration(**cal)).read_share("gemm") == 1.0  # unmeasured (an older calibration): the sweep
 
 
 def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():
