@@ -506,11 +506,28 @@ class MemoryLevels:
     rates: tuple[tuple[int, float], ...]  # (working set, bytes per second), as measured
 
 
-# The largest working set the memory sweep reads: the weights of a float32 LLM of half a billion parameters (a
-# decode step streams them all, the LM head of a 152k vocabulary alone 545 MB). A read of a few times the cache
-# still gets more than the bus sustains for gigabytes: 54 GB/s at 256 MiB, 40 GB/s at 2 GB on one AMD EPYC VM.
-STREAM_BYTES = 2 ** 31
+# The largest working set the memory sweep reads: 1 GiB, or four times the reported cache where that is more (at
+# most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
+# about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
+# 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
+# Faulting the buffer in is what costs (about 2 s a GiB of system time on a VM): it is made once a calibration.
+STREAM_BYTES = 2 ** 30
 SWEEP_WIDTH = 4096  # the sweep's weights are k x SWEEP_WIDTH float32
+STREAM_BLOCK = 2 ** 25  # each 32 MiB of the buffer holds its own value: onnxruntime shares equal initializers
+
+
+def stream_buffer(reported_cache: int, largest: int | None = None) -> np.ndarray:
+    """The weights that the memory sweep and FloatReads read: rows of SWEEP_WIDTH float32, each block of
+    STREAM_BLOCK bytes filled with a value of its own."""
+    if largest is None:
+        largest = min(max(STREAM_BYTES, 4 * reported_cache), 4 * STREAM_BYTES)
+    size = min(largest, psutil.virtual_memory().available // 4)
+    row = 4 * SWEEP_WIDTH
+    buffer = np.empty((max(size // row, 1), SWEEP_WIDTH), np.float32)
+    per_block = STREAM_BLOCK // row
+    for i in range(0, len(buffer), per_block):
+        buffer[i:i + per_block] = 0.01 + 1e-4 * (i // per_block)
+    return buffer
 
 
 def memory_sweep_sizes(reported_cache: int, cap: int) -> list[int]:
@@ -525,14 +542,13 @@ def memory_sweep_sizes(reported_cache: int, cap: int) -> list[int]:
     return [round(s / row) * row for s in sizes]
 
 
-def measure_memory(reported_cache: int, reads: int = 2 ** 28, largest: int = STREAM_BYTES) -> MemoryLevels:
+def measure_memory(reported_cache: int, reads: int = 2 ** 28, buffer: np.ndarray | None = None) -> MemoryLevels:
     """onnxruntime's vector-matrix products (a decode step's MatMul) over working sets that grow by a
-    factor of sqrt(2) from 1 MiB to eight times the reported cache, then by factors of 2 up to `largest`
-    (2 GiB: a float32 LLM's weights; at most a quarter of the free memory): the read rate drops where the
+    factor of sqrt(2) from 1 MiB to eight times the reported cache, then by factors of 2 up to the size of
+    `buffer` (stream_buffer: 1 GiB, or more for a large cache): the read rate drops where the
     cache ends, over a factor of several (a cyclic read a little beyond it still hits it in part; on a
     2-core AMD EPYC VM with a 32 MiB L3 reported, it fell from 70 GB/s at 11 MiB to 33 at 64 MiB and settled
-    at 30 from 128 MiB), and goes on falling slowly up to the gigabytes a decode step streams (on another
-    EPYC VM, 54 GB/s at 256 MiB, 40 GB/s for a 2 GB decode step).
+    at 30 from 128 MiB).
 
     onnxruntime's own kernel, not numpy's matrix-vector product: on that machine numpy read 1.3-1.4x
     as fast beyond the cache (40 against 30 GB/s), and a decode step of distilgpt2 ran at 27. The
@@ -542,12 +558,11 @@ def measure_memory(reported_cache: int, reads: int = 2 ** 28, largest: int = STR
     is also the warm-up: nothing of such a set stays in the cache from one read to the next).
     """
     width = SWEEP_WIDTH
-    cap = min(largest, psutil.virtual_memory().available // 4)
+    weights = stream_buffer(reported_cache) if buffer is None else buffer
     row = 4 * width
-    sizes = memory_sweep_sizes(reported_cache, cap)
+    sizes = memory_sweep_sizes(reported_cache, weights.nbytes)
     if len(sizes) < 2:
         return MemoryLevels(reported_cache, 0.0, ())
-    weights = np.full((sizes[-1] // row, width), 0.01, np.float32)
     vector = np.full((1, sizes[-1] // row), 0.5, np.float32)
     session = _vector_matrix_session(width)
     rates = []
@@ -625,8 +640,7 @@ class QuantizedReads:
 
 class FloatReads:
     """How a float decode step reads its weights from memory: a chain of one-row MatMuls over different float32
-    weights that the session holds (and prepacks, as it does a model's), 512 MiB in all (on the Xeon below, 415
-    MiB read as fast as 1.6 GiB; at most an eighth of the free memory: the session keeps a packed copy beside them).
+    weights that the session holds (and prepacks, as it does a model's: a packed copy beside them).
 
     The sweep's one product over an input matrix is not read the same way: on a 16-core Intel Xeon host such
     a chain read 80-97 GB/s where the sweep read 64-68 at 1-2 GiB, and on a 2-core AMD EPYC VM a 2 GB decode
@@ -636,16 +650,19 @@ class FloatReads:
     (add_external_initializers): no model file, no 2 GB protobuf limit. Made once; each pass times it again.
     """
 
-    K, N = 1024, 8192  # 32 MiB of weights a kernel, as an LM head's slice or a 7B model's projection
+    K, N = 1024, 8192  # 32 MiB of weights a kernel (STREAM_BLOCK), as an LM head's slice or a 7B model's projection
 
-    def __init__(self, total: int | None = None) -> None:
-        if total is None:
-            total = min(STREAM_BYTES // 4, psutil.virtual_memory().available // 8)
+    def __init__(self, reported_cache: int, buffer: np.ndarray) -> None:
+        """Weights: views of `buffer` (stream_buffer, whose blocks differ: onnxruntime shares equal initializers,
+        and one matrix read many times stays in the cache), 512 MiB of it, or four times the reported cache
+        where that is more (on the Xeon below, 415 MiB read as fast as 1.6 GiB)."""
         per_kernel = 4 * self.K * self.N
-        count = max(2, total // per_kernel)
+        total = min(max(STREAM_BYTES // 2, 4 * reported_cache), buffer.nbytes)
+        count = max(1, total // per_kernel)
         self.bytes = count * per_kernel
-        self.weights = [np.full((self.K, self.N), 0.01 + 1e-4 * i, np.float32) for i in range(count)]  # distinct:
-        # onnxruntime shares equal initializers, and one matrix read count times stays in the cache
+        flat = buffer.reshape(-1)
+        self.weights = [flat[i * self.K * self.N:(i + 1) * self.K * self.N].reshape(self.K, self.N)
+                        for i in range(count)]
         names = [f"w{i}" for i in range(count)]
         inits = []
         for name in names:
@@ -756,6 +773,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     refreshes: list[dict[str, float]] = []
     quantized: QuantizedReads | None = None
     floats: FloatReads | None = None
+    buffer: np.ndarray | None = None  # the weights the sweep and FloatReads read, faulted in once
     quantized_rates: dict[str, tuple[int, float, float]] = {}
     for _ in range(passes):
         for grid, pts in plan:
@@ -767,9 +785,11 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                     progress(grid.family, round(done), total)
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
-            sweeps.append(measure_memory(reported_cache))
+            if buffer is None:
+                buffer = stream_buffer(reported_cache)
+            sweeps.append(measure_memory(reported_cache, buffer=buffer))
             if quantized is None or floats is None:
-                quantized, floats = QuantizedReads(reported_cache, rng), FloatReads()
+                quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
             for family, reading in [*quantized.measure().items(), ("gemm", floats.measure())]:
                 if family not in quantized_rates or reading[1] > quantized_rates[family][1]:
                     quantized_rates[family] = reading

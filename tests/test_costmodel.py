@@ -24,6 +24,7 @@ from probes.microbench import (
     memory_levels,
     memory_sweep_sizes,
     overheads,
+    stream_buffer,
 )
 
 
@@ -176,7 +177,7 @@ def test_cache_is_where_the_read_rate_falls_to_memorys():
 
 def test_memory_sweep_measures_a_rate_for_every_working_set():
 
-    levels = measure_memory(reported_cache=2 * 2 ** 20, reads=2 ** 24, largest=2 ** 24)  # up to 16 MiB
+    levels = measure_memory(reported_cache=2 * 2 ** 20, reads=2 ** 24, buffer=stream_buffer(0, largest=2 ** 24))
     sizes = [s for s, _ in levels.rates]  # 1 MiB to 16 MiB by factors of sqrt(2), whole 16 KiB rows
     assert sizes[0] == 2 ** 20 and sizes[-1] == 2 ** 24 and len(sizes) == 9
     assert all(1.40 < b / a < 1.43 and b % 2 ** 14 == 0 for a, b in itertools.pairwise(sizes))
@@ -213,7 +214,7 @@ def test_a_decode_step_of_gigabytes_streams_at_the_rate_measured_for_gigabytes_n
 
 
 def test_float_reads_chain_distinct_weights_held_by_the_session_real_onnxruntime():
-    reads = FloatReads(total=2 * 4 * FloatReads.K * FloatReads.N)  # two kernels of 32 MiB
+    reads = FloatReads(0, stream_buffer(0, largest=2 * 4 * FloatReads.K * FloatReads.N))  # two kernels of 32 MiB
     size, rate, per_kernel = reads.measure()
     assert size == 2 * 4 * FloatReads.K * FloatReads.N and rate > 1e8 and per_kernel == 0.0
     ys = reads.session.run(None, {"x": reads.x})  # each kernel read its own weights, from memory, not a file
