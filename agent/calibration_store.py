@@ -107,14 +107,15 @@ UPGRADE_LOG = "calibrating-in-full.log"
 
 
 @contextlib.contextmanager
-def upgrade_lock(state_dir: str | os.PathLike) -> Iterator[bool]:
-    """Whether this process holds the state dir's upgrade lock (False: another upgrade is under way). The
-    lock is the kernel's (flock): it goes with the process that held it, however that ends."""
+def upgrade_lock(state_dir: str | os.PathLike, wait: bool = False) -> Iterator[bool]:
+    """Whether this process holds the state dir's upgrade lock (False: another upgrade is under way; with
+    `wait`, once it has ended). The lock is the kernel's (flock): it goes with the process that held it,
+    however that ends. Two calibrations at once would each read the other as a slow device."""
     path = Path(state_dir) / UPGRADE_LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return
@@ -130,10 +131,10 @@ def quick_devices(state_dir: str | os.PathLike) -> list[str]:
             and (cal := load(state_dir, d)) is not None and cal.quick]
 
 
-def upgrade_in_full(state_dir: str | os.PathLike, progress_for=None) -> list[str] | None:
-    """Redo every quick calibration in the state dir in full, as the agent does; the devices redone, or None
-    when another upgrade holds the lock."""
-    with upgrade_lock(state_dir) as held:
+def upgrade_in_full(state_dir: str | os.PathLike, progress_for=None, wait: bool = False) -> list[str] | None:
+    """Redo every quick calibration in the state dir in full; the devices redone, or None when another upgrade
+    holds the lock (with `wait`: once it has ended, whatever it left quick)."""
+    with upgrade_lock(state_dir, wait) as held:
         if not held:
             return None
         redone = quick_devices(state_dir)

@@ -155,6 +155,24 @@ def test_calibrate_if_quick_redoes_only_quick_calibrations_and_only_once_at_a_ti
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_an_upgrade_that_finds_another_under_way_waits_for_it_rather_than_measure_beside_it(state_dir):
+    doc = json.loads(calibration_store.calibration_path(state_dir, "cpu").read_text())
+    doc["quick"] = False  # what the other upgrade leaves: nothing quick to redo once it has ended
+    calibration_store.calibration_path(state_dir, "cpu").write_text(json.dumps(doc))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom agent import calibration_store\n"
+        f"with calibration_store.upgrade_lock({str(state_dir)!r}) as held:\n"
+        "    print(held, flush=True)\n    time.sleep(0.5)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        held_at = time.monotonic()
+        assert calibration_store.upgrade_in_full(state_dir) is None  # not waiting: says another is under way
+        assert calibration_store.upgrade_in_full(state_dir, wait=True) == []  # waiting: after it, nothing left
+        assert time.monotonic() - held_at >= 0.4
+    finally:
+        holder.wait(timeout=30)
+
+
 def test_calibration_made_on_another_device_is_redone(state_dir):
 
     path = calibration_store.calibration_path(state_dir, "cpu")
