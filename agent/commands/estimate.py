@@ -173,7 +173,11 @@ def _upgrade_fresh_quick_calibrations(args: argparse.Namespace, started: float) 
     fresh = [d for d in ("cpu", "gpu") if (path := calibration_store.calibration_path(state_dir, d)).exists()
              and path.stat().st_mtime >= started and (cal := calibration_store.load(state_dir, d)) and cal.quick]
     if fresh:
-        pid = calibration_store.start_upgrade(state_dir)
+        try:
+            pid = calibration_store.start_upgrade(state_dir)
+        except OSError as exc:  # the answer stands on the quick calibration; `daop-agent calibrate` remains
+            print(f"daop-agent: answered on a quick calibration; could not start the full one: {exc}", file=sys.stderr)
+            return
         print(f"daop-agent: answered on a quick calibration; the full one is under way in the background "
               f"(pid {pid}, about a minute; its log: {Path(state_dir) / calibration_store.UPGRADE_LOG})",
               file=sys.stderr)
