@@ -197,11 +197,13 @@ def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
     return tuple(d for d in DEVICES if (cal := load(state_dir, d)) is not None and cal.quick)
 
 
-def run_full_calibrations(state_dir: Path, devices: tuple[str, ...]) -> None:
-    from agent.calibration_store import run_calibration  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
+def run_full_calibrations(state_dir: Path) -> None:
+    """Redo the state dir's quick calibrations in full, under the lock that
+    `daop-agent calibrate --if-quick` holds: where a first `estimate` has already started one, wait for it
+    rather than measure beside it."""
+    from agent.calibration_store import upgrade_in_full  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
-    for device in devices:
-        run_calibration(state_dir, device, quick=False, progress=LogProgress(f"calibrating {device} in full"))
+    upgrade_in_full(state_dir, lambda device: LogProgress(f"calibrating {device} in full"), wait=True)
 
 
 # -- agent side ---------------------------------------------------------------------
@@ -255,7 +257,7 @@ class AnalysisPool:
         redone = await self._aside_call(quick_calibrations, self.state_dir)
         if redone:
             log.info("the %s calibration is quick: calibrating in full in the background", ", ".join(redone))
-            await self._aside_call(run_full_calibrations, self.state_dir, redone)
+            await self._aside_call(run_full_calibrations, self.state_dir)
             old, self._pool = self._pool, self._new_pool()
             if old is not None:
                 old.shutdown(wait=False)  # calls under way there finish on the quick calibration

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from monitors.errors import BadInput
@@ -94,3 +98,58 @@ def load_estimator(state_dir: str | os.PathLike, device: str = "cpu", quick: boo
             cal = run_calibration(state_dir, dev, quick=quick, progress=progress)
         cals[dev] = cal
     return Estimator(cals)
+
+
+# -- upgrading a quick calibration in full ------------------------------------------------------------------
+
+UPGRADE_LOCK = "calibrating-in-full.lock"  # held by the one process upgrading; it holds its pid
+UPGRADE_LOG = "calibrating-in-full.log"
+
+
+@contextlib.contextmanager
+def upgrade_lock(state_dir: str | os.PathLike, wait: bool = False) -> Iterator[bool]:
+    """Whether this process holds the state dir's upgrade lock (False: another upgrade is under way; with
+    `wait`, once it has ended). The lock is the kernel's (flock): it goes with the process that held it,
+    however that ends. Two calibrations at once would each read the other as a slow device."""
+    path = Path(state_dir) / UPGRADE_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        yield True
+
+
+def quick_devices(state_dir: str | os.PathLike) -> list[str]:
+    """The devices whose saved calibration (still valid here) is quick."""
+    return [d for d in ("cpu", "gpu") if calibration_path(state_dir, d).exists()
+            and (cal := load(state_dir, d)) is not None and cal.quick]
+
+
+def upgrade_in_full(state_dir: str | os.PathLike, progress_for=None, wait: bool = False) -> list[str] | None:
+    """Redo every quick calibration in the state dir in full; the devices redone, or None when another upgrade
+    holds the lock (with `wait`: once it has ended, whatever it left quick)."""
+    with upgrade_lock(state_dir, wait) as held:
+        if not held:
+            return None
+        redone = quick_devices(state_dir)
+        for dev in redone:
+            run_calibration(state_dir, dev, quick=False, progress=progress_for(dev) if progress_for else None)
+        return redone
+
+
+def start_upgrade(state_dir: str | os.PathLike) -> int:
+    """Start `daop-agent calibrate --if-quick` on its own, in the background, for the state dir; its pid. It
+    outlives this process (a session of its own) and writes its progress to the state dir's log."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / UPGRADE_LOG, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "agent", "calibrate", "--if-quick", "--state-dir",
+                                 str(state_dir)], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True)
+    return proc.pid

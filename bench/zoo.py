@@ -149,13 +149,13 @@ def _gpt2(path: Path, layers: int, hidden: int, heads: int) -> None:
             {name: {0: "batch", 1: "seq"} for name in ("input_ids", "attention_mask", "logits")})
 
 
-def _gpt_kv(path: Path, layers: int, hidden: int, heads: int) -> None:
+def _gpt_kv(path: Path, layers: int, hidden: int, heads: int, vocab: int = 50257, positions: int = 2048) -> None:
     import torch  # noqa: PLC0415 - optional: only to build the zoo
 
     from bench.nets import CachedDecoder  # noqa: PLC0415 - bench.nets needs torch: only to build the zoo
 
     torch.manual_seed(0)
-    model = CachedDecoder(layers, hidden, heads).eval()
+    model = CachedDecoder(layers, hidden, heads, vocab=vocab, positions=positions).eval()
     head_dim = hidden // heads
     past = [torch.zeros(1, heads, 8, head_dim) for _ in range(2 * layers)]
     past_names = [f"past_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
@@ -238,6 +238,7 @@ LIGHT_MODELS = {  # zoo name -> (file in the onnx wheel, input name)
 BERT_SIZES = {"tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8), "base": (12, 768, 12)}
 GPT2_SIZES = {"tiny": (4, 256, 4), "distil": (6, 768, 12), "small": (12, 768, 12)}
 VIT_SIZES = {"tiny": (12, 192, 3), "small": (12, 384, 6), "base": (12, 768, 12)}
+WIDE_VOCAB, WIDE_VOCAB_DECODER = 151936, (4, 896, 14)  # Qwen2.5-0.5B's vocabulary, width and heads; 4 layers
 
 
 def _image(batch: int, height: int, width: int) -> dict[str, InputSpec]:
@@ -277,6 +278,18 @@ def _build_zoo() -> list[ZooModel]:
                 inputs[f"past_{kind}.{i}"] = InputSpec((1, heads, past, hidden // heads), "float32")
         zoo.append(ZooModel(f"gpt2-distil-step-kv{past}", "decoder", "gpt2-distil-kv.onnx", inputs,
                             functools.partial(_gpt_kv, layers=layers, hidden=hidden, heads=heads)))
+
+    # Decode steps of a 152k-token vocabulary (Qwen2.5's) at several contexts: memory-bound, the float32 LM head
+    # alone streams 545 MB a step, more than the blocks and the KV cache together (a 2,048-token past: 29 MB).
+    layers, hidden, heads = WIDE_VOCAB_DECODER
+    for context in (128, 1024, 4096):
+        inputs = {"input_ids": InputSpec((1, 1), "int64")}
+        for i in range(layers):
+            for kind in ("key", "value"):
+                inputs[f"past_{kind}.{i}"] = InputSpec((1, heads, context - 1, hidden // heads), "float32")
+        zoo.append(ZooModel(f"gpt-vocab152k-step-ctx{context}", "decoder", "gpt-vocab152k-kv.onnx", inputs,
+                            functools.partial(_gpt_kv, layers=layers, hidden=hidden, heads=heads,
+                                              vocab=WIDE_VOCAB, positions=4096)))
 
     vit_cases = {"tiny": [1, 8], "small": [1], "base": [1]}
     for size, batches in vit_cases.items():

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 8  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+FORMAT_VERSION = 9  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
 # 4: the cache size measured, not reported; overheads from the wall clock alone; 5: the read rates over
 # working sets around the cache; every reading the fastest of three passes; 6: read rates by
 # onnxruntime's own MatMul, out to eight times the reported cache; 7: the warm refresh's reference is the
 # wall time of a lock-stepped multi-threaded probe; 8: the LLM kernels (MatMulNBits, int8 matmuls,
-# GroupQueryAttention, rotary, RMS norms, quantized gathers)
+# GroupQueryAttention, rotary, RMS norms, quantized gathers); 9: the read-rate sweep out to 1 GiB or more, and
+# the rate of a chain of float products over weights the session holds (FloatReads, quantized_read_rates["gemm"])
 
 
 # The families calibrated over multi-dimensional grids of compute (FLOPs); the others are memory-bound,
@@ -63,7 +64,8 @@ class Calibration:
     stream_bytes_per_s: float = 0.0  # weights read from memory when they cannot stay cached (0: unmeasured)
     cache_bytes: int = 0  # the cache weights stay in between inferences, as measured (0: unmeasured)
     read_rates: tuple[tuple[int, float], ...] = ()  # (working set bytes, bytes/s read cyclically over it)
-    # block-quantized weights beyond the cache, by compute family: (working set bytes, bytes/s, s per kernel)
+    # weights beyond the cache as a decode step's kernels read them, by compute family (block-quantized ones, and
+    # "gemm": float32 ones held and prepacked by the session): (working set bytes, bytes/s, s per kernel)
     quantized_read_rates: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     @property

@@ -537,33 +537,71 @@ class MemoryLevels:
     rates: tuple[tuple[int, float], ...]  # (working set, bytes per second), as measured
 
 
-def measure_memory(reported_cache: int, reads: int = 2 ** 28) -> MemoryLevels:
+# The largest working set the memory sweep reads: 1 GiB, or four times the reported cache where that is more (at
+# most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
+# about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
+# 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
+# Faulting the buffer in is what costs (about 2 s a GiB of system time on a VM): it is made once a calibration.
+STREAM_BYTES = 2 ** 30
+SWEEP_WIDTH = 4096  # the sweep's weights are k x SWEEP_WIDTH float32
+STREAM_BLOCK = 2 ** 25  # each 32 MiB of the buffer holds its own value: onnxruntime shares equal initializers
+
+
+def stream_buffer(reported_cache: int, largest: int | None = None) -> np.ndarray:
+    """The weights that the memory sweep and FloatReads read: rows of SWEEP_WIDTH float32, each block of
+    STREAM_BLOCK bytes filled with a value of its own."""
+    if largest is None:
+        largest = min(max(STREAM_BYTES, 4 * reported_cache), 4 * STREAM_BYTES)
+    size = min(largest, psutil.virtual_memory().available // 4)
+    row = 4 * SWEEP_WIDTH
+    buffer = np.empty((max(size // row, 1), SWEEP_WIDTH), np.float32)
+    per_block = STREAM_BLOCK // row
+    for i in range(0, len(buffer), per_block):
+        buffer[i:i + per_block] = 0.01 + 1e-4 * (i // per_block)
+    return buffer
+
+
+def memory_sweep_sizes(reported_cache: int, cap: int) -> list[int]:
+    """Working sets, whole rows of the sweep's weights: by factors of sqrt(2) from 1 MiB to eight times the
+    reported cache (where the cache ends; at most 512 MiB), then by factors of 2 up to `cap` (where memory's
+    rate settles)."""
+    row = 4 * SWEEP_WIDTH
+    fine_top = min(cap, max(8 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20)
+    sizes = [2 ** (k / 2) for k in range(40, 80) if 2 ** (k / 2) <= fine_top]
+    while sizes and 2 * sizes[-1] <= cap:
+        sizes.append(2 * sizes[-1])
+    return [round(s / row) * row for s in sizes]
+
+
+def measure_memory(reported_cache: int, reads: int = 2 ** 28, buffer: np.ndarray | None = None) -> MemoryLevels:
     """onnxruntime's vector-matrix products (a decode step's MatMul) over working sets that grow by a
-    factor of sqrt(2) from 1 MiB to eight times the reported cache (at most 512 MiB, and a quarter of
-    the free memory): the read rate drops where the cache ends, over a factor of several (a cyclic read
-    a little beyond it still hits it in part; on a 2-core AMD EPYC VM with a 32 MiB L3 reported, it
-    fell from 70 GB/s at 11 MiB to 33 at 64 MiB and settled at 30 from 128 MiB).
+    factor of sqrt(2) from 1 MiB to eight times the reported cache, then by factors of 2 up to the size of
+    `buffer` (stream_buffer: 1 GiB, or more for a large cache): the read rate drops where the
+    cache ends, over a factor of several (a cyclic read a little beyond it still hits it in part; on a
+    2-core AMD EPYC VM with a 32 MiB L3 reported, it fell from 70 GB/s at 11 MiB to 33 at 64 MiB and settled
+    at 30 from 128 MiB).
 
     onnxruntime's own kernel, not numpy's matrix-vector product: on that machine numpy read 1.3-1.4x
     as fast beyond the cache (40 against 30 GB/s), and a decode step of distilgpt2 ran at 27. The
     weights are an input here, so one session serves every size; the rate is the same as for weights
-    held by the session. Each working set is read `reads` bytes' worth, at least three times; the
-    fastest pass counts.
+    held by the session. Each working set is read `reads` bytes' worth, at least three times up to
+    256 MiB (once beyond 1 GiB), in three rounds; the fastest round counts (from 512 MiB on, the first round
+    is also the warm-up: nothing of such a set stays in the cache from one read to the next).
     """
-    width = 4096
-    cap = min(max(8 * reported_cache, 16 * 2 ** 20), 512 * 2 ** 20, psutil.virtual_memory().available // 4)
+    width = SWEEP_WIDTH
+    weights = stream_buffer(reported_cache) if buffer is None else buffer
     row = 4 * width
-    sizes = [round(2 ** (k / 2) / row) * row for k in range(40, 60) if 2 ** (k / 2) <= cap]  # whole rows
+    sizes = memory_sweep_sizes(reported_cache, weights.nbytes)
     if len(sizes) < 2:
         return MemoryLevels(reported_cache, 0.0, ())
-    weights = np.full((sizes[-1] // row, width), 0.01, np.float32)
     vector = np.full((1, sizes[-1] // row), 0.5, np.float32)
     session = _vector_matrix_session(width)
     rates = []
     for size in sizes:
         feeds = {"x": vector[:, : size // row], "w": weights[: size // row]}  # contiguous: no copies
-        passes = max(3, reads // size)
-        session.run(None, feeds)
+        passes = max(1, min(3, 2 ** 30 // size), reads // size)
+        if size < 2 ** 29:  # beyond, nothing stays warm from one read to the next: the first round is the warm-up
+            session.run(None, feeds)
         best = math.inf
         for _ in range(3):
             t0 = time.perf_counter()
@@ -629,6 +667,62 @@ class QuantizedReads:
             streaming = max(large - self.LARGE * per_kernel, 1e-6)
             out[family] = (self.bytes, self.bytes / streaming, per_kernel)
         return out
+
+
+class FloatReads:
+    """How a float decode step reads its weights from memory: a chain of one-row MatMuls over different float32
+    weights that the session holds (and prepacks, as it does a model's: a packed copy beside them).
+
+    The sweep's one product over an input matrix is not read the same way: on a 16-core Intel Xeon host such
+    a chain read 80-97 GB/s where the sweep read 64-68 at 1-2 GiB, and on a 2-core AMD EPYC VM a 2 GB decode
+    step read 40 GB/s where the sweep read 54 at 256 MiB. The cost model prices a float product's streamed
+    weights at this rate relative to the sweep's at this working set (CostModel.read_share), as it does
+    block-quantized ones (QuantizedReads). The weights reach the session from memory
+    (add_external_initializers): no model file, no 2 GB protobuf limit. Made once; each pass times it again.
+    """
+
+    K, N = 1024, 8192  # 32 MiB of weights a kernel (STREAM_BLOCK), as an LM head's slice or a 7B model's projection
+
+    def __init__(self, reported_cache: int, buffer: np.ndarray) -> None:
+        """Weights: views of `buffer` (stream_buffer, whose blocks differ: onnxruntime shares equal initializers,
+        and one matrix read many times stays in the cache), 512 MiB of it, or four times the reported cache
+        where that is more (on the Xeon below, 415 MiB read as fast as 1.6 GiB)."""
+        per_kernel = 4 * self.K * self.N
+        total = min(max(STREAM_BYTES // 2, 4 * reported_cache), buffer.nbytes)
+        count = max(1, total // per_kernel)
+        self.bytes = count * per_kernel
+        flat = buffer.reshape(-1)
+        self.weights = [flat[i * self.K * self.N:(i + 1) * self.K * self.N].reshape(self.K, self.N)
+                        for i in range(count)]
+        names = [f"w{i}" for i in range(count)]
+        inits = []
+        for name in names:
+            tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[self.K, self.N])
+            tensor.data_location = TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value="in-memory")
+            inits.append(tensor)
+        nodes = [helper.make_node("MatMul", ["x", name], [f"y{i}"]) for i, name in enumerate(names)]
+        outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, self.N]) for i in range(count)]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.K])
+        g = helper.make_graph(nodes, "float_reads", [x], outs, inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+        m.ir_version = IR_VERSION
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(w) for w in self.weights])
+        self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.x = np.full((1, self.K), 0.5, np.float32)
+
+    def measure(self) -> tuple[int, float, float]:
+        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest of
+        five runs."""
+        self.session.run(None, {"x": self.x})
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            self.session.run(None, {"x": self.x})
+            best = min(best, time.perf_counter() - t0)
+        return self.bytes, self.bytes / best, 0.0
 
 
 def _vector_matrix_session(width: int) -> ort.InferenceSession:
@@ -711,6 +805,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # describe the same quiet device as the tables, and a host's slow phase can outlast three refreshes in a row.
     refreshes: list[dict[str, float]] = []
     quantized: QuantizedReads | None = None
+    floats: FloatReads | None = None
+    buffer: np.ndarray | None = None  # the weights the sweep and FloatReads read, faulted in once
     quantized_rates: dict[str, tuple[int, float, float]] = {}
     for _ in range(passes):
         for grid, pts in plan:
@@ -722,10 +818,12 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                     progress(grid.family, round(done), total)
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
-            sweeps.append(measure_memory(reported_cache))
-            if quantized is None:
-                quantized = QuantizedReads(reported_cache, rng)
-            for family, reading in quantized.measure().items():
+            if buffer is None:
+                buffer = stream_buffer(reported_cache)
+            sweeps.append(measure_memory(reported_cache, buffer=buffer))
+            if quantized is None or floats is None:
+                quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
+            for family, reading in [*quantized.measure().items(), ("gemm", floats.measure())]:
                 if family not in quantized_rates or reading[1] > quantized_rates[family][1]:
                     quantized_rates[family] = reading
             refreshes.append(refresh.measure())

@@ -12,6 +12,7 @@ from probes.calibration import COMPUTE_FAMILIES, Calibration, FamilyTable, work_
 from probes.microbench import (
     CHAIN_LONG,
     CHAIN_SHORT,
+    FloatReads,
     MemoryLevels,
     _model,
     _point,
@@ -21,7 +22,9 @@ from probes.microbench import (
     grids,
     measure_memory,
     memory_levels,
+    memory_sweep_sizes,
     overheads,
+    stream_buffer,
 )
 
 
@@ -184,13 +187,64 @@ def test_cache_is_where_the_read_rate_falls_to_memorys():
 
 def test_memory_sweep_measures_a_rate_for_every_working_set():
 
-    levels = measure_memory(reported_cache=2 * 2 ** 20, reads=2 ** 24)  # up to 16 MiB, the least it sweeps
+    levels = measure_memory(reported_cache=2 * 2 ** 20, reads=2 ** 24, buffer=stream_buffer(0, largest=2 ** 24))
     sizes = [s for s, _ in levels.rates]  # 1 MiB to 16 MiB by factors of sqrt(2), whole 16 KiB rows
     assert sizes[0] == 2 ** 20 and sizes[-1] == 2 ** 24 and len(sizes) == 9
     assert all(1.40 < b / a < 1.43 and b % 2 ** 14 == 0 for a, b in itertools.pairwise(sizes))
     assert all(r > 1e8 for _, r in levels.rates)
     assert levels.cache_bytes in [s for s, _ in levels.rates] + [2 * 2 ** 20]
     assert levels.stream_bytes_per_s == levels.rates[-1][1]
+
+
+def test_memory_sweep_goes_on_by_doublings_to_the_gigabytes_a_decode_step_streams():
+    mib = 2 ** 20
+    sizes = memory_sweep_sizes(reported_cache=32 * mib, cap=2048 * mib)
+    fine = [s for s in sizes if s <= 256 * mib]  # sqrt(2) steps to eight times the cache: where it ends
+    assert all(1.40 < b / a < 1.43 for a, b in itertools.pairwise(fine))
+    assert sizes[len(fine):] == [512 * mib, 1024 * mib, 2048 * mib]  # then doublings: memory's rate settling
+    # a cache reported huge (a VM's host cache) sweeps finely to 512 MiB, no further; little free memory: less
+    assert memory_sweep_sizes(260 * mib, 2048 * mib)[-3:] == [512 * mib, 1024 * mib, 2048 * mib]
+    assert memory_sweep_sizes(32 * mib, 700 * mib)[-1] == 512 * mib
+
+
+def test_a_decode_step_of_gigabytes_streams_at_the_rate_measured_for_gigabytes_not_for_a_few_caches():
+    mib = 2 ** 20
+    # a read of 8 caches still gets more than the bus sustains for a 2 GB decode step (54 against 40 GB/s on one
+    # VM; here a twentieth of that, slow enough to bind over the table)
+    rates = ((16 * mib, 7.5e9), (64 * mib, 3e9), (256 * mib, 2.7e9), (1024 * mib, 2.25e9), (2048 * mib, 2e9))
+    cal = dict(fingerprint={"device": "cpu"}, tables={"gemm": _gemm_table()}, per_kernel_s=0.0, per_run_s=0.0,
+               stream_bytes_per_s=2e9, cache_bytes=16 * mib)
+    cm = CostModel(Calibration(**cal, read_rates=rates))
+    side = 23170  # 2 GiB of float32 weights, one row times them: a float decode step's weights
+    assert cm.weight_read_rate(4 * side * side) == pytest.approx(2e9, rel=1e-3)
+    assert cm.seconds(_gemv_plan(side)) == pytest.approx(4 * side * side / 2e9, rel=1e-3)
+    assert cm.weight_read_rate(512 * mib) == pytest.approx((2.7e9 * 2.25e9) ** 0.5)  # log-log between the two
+    short = CostModel(Calibration(**cal, read_rates=rates[:3]))  # a sweep that stopped at 256 MiB, as before
+    assert short.seconds(_gemv_plan(side)) < 0.8 * cm.seconds(_gemv_plan(side))
+
+
+def test_float_reads_chain_distinct_weights_held_by_the_session_real_onnxruntime():
+    reads = FloatReads(0, stream_buffer(0, largest=2 * 4 * FloatReads.K * FloatReads.N))  # two kernels of 32 MiB
+    size, rate, per_kernel = reads.measure()
+    assert size == 2 * 4 * FloatReads.K * FloatReads.N and rate > 1e8 and per_kernel == 0.0
+    ys = reads.session.run(None, {"x": reads.x})  # each kernel read its own weights, from memory, not a file
+    assert [float(y[0, 0]) for y in ys] == pytest.approx([0.5 * FloatReads.K * (0.01 + 1e-4 * i) for i in range(2)],
+                                                         rel=1e-4)
+
+
+def test_a_float_decode_step_streams_at_the_rate_its_own_kernels_read_relative_to_the_sweep():
+    mib = 2 ** 20
+    rates = ((16 * mib, 7.5e9), (256 * mib, 2.7e9), (1024 * mib, 2.25e9), (2048 * mib, 2e9))
+    cal = dict(fingerprint={"device": "cpu"}, tables={"gemm": _gemm_table()}, per_kernel_s=0.0, per_run_s=0.0,
+               stream_bytes_per_s=2e9, cache_bytes=16 * mib, read_rates=rates)
+    side = 23170  # 2 GiB of float32 weights, one row times them
+    sweep = CostModel(Calibration(**cal)).seconds(_gemv_plan(side))
+    # a chain of held, prepacked weights read 1.3x as fast as the sweep at 1 GiB (a 16-core Xeon) or 0.74x (a VM)
+    for share in (1.3, 0.74):
+        chained = CostModel(Calibration(**cal, quantized_read_rates={"gemm": (1024 * mib, share * 2.25e9, 0.0)}))
+        assert chained.read_share("gemm") == pytest.approx(share)
+        assert chained.seconds(_gemv_plan(side)) == pytest.approx(sweep / share, rel=1e-3)
+    assert CostModel(Calibration(**cal)).read_share("gemm") == 1.0  # unmeasured (an older calibration): the sweep
 
 
 def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -105,9 +110,67 @@ def test_estimate_calibrates_first_when_there_is_no_calibration_and_says_so(tmp_
     assert r.returncode == 0, r.stderr
     assert "calibrating" in r.stderr
     assert (tmp_path / "fresh" / "calibration-cpu.json").exists()
-    again = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--json", "--at-rest",
-                 state_dir=tmp_path / "fresh")
-    assert "calibrating" not in again.stderr
+    # it answered on the quick calibration it made, says so, and left the full one running on its own
+    assert json.loads(r.stdout)["calibration"] == "quick"
+    upgrade = re.search(r"the full one is under way in the background \(pid (\d+)", r.stderr)
+    assert upgrade, r.stderr
+    pid = int(upgrade.group(1))
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"--if-quick" in cmdline and str(tmp_path / "fresh").encode() in cmdline
+        again = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--json", "--at-rest",
+                     state_dir=tmp_path / "fresh")
+        assert "calibrating" not in again.stderr and "background" not in again.stderr  # one upgrade, not two
+        assert json.loads(again.stdout)["calibration"] == "quick"  # until the full one is saved
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # the test's own: a full calibration is a benchmark's time, not a test's
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes():
+                break
+            time.sleep(0.1)
+
+
+def test_calibrate_if_quick_redoes_only_quick_calibrations_and_only_once_at_a_time(state_dir):
+    path = calibration_store.calibration_path(state_dir, "cpu")
+    before = path.read_bytes()
+    with calibration_store.upgrade_lock(state_dir) as held:  # as an upgrade under way holds it
+        assert held
+        busy = daop("calibrate", "--if-quick", state_dir=state_dir)
+    assert busy.returncode == 0 and "already under way" in busy.stdout
+    assert path.read_bytes() == before
+    doc = json.loads(before)
+    doc["quick"] = False  # the saved calibration is a full one: nothing to redo, and estimate says which answered
+    path.write_text(json.dumps(doc))
+    done = daop("calibrate", "--if-quick", state_dir=state_dir)
+    assert done.returncode == 0 and "nothing to redo" in done.stdout
+    assert json.loads(path.read_text())["quick"] is False
+    r = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--json", "--at-rest",
+             state_dir=state_dir)
+    assert json.loads(r.stdout)["calibration"] == "full" and "background" not in r.stderr
+    plain = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--at-rest",
+                 state_dir=state_dir)
+    assert plain.stdout.strip().endswith("kernels, full calibration)")
+    bad = daop("calibrate", "--if-quick", "--quick", state_dir=state_dir)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_an_upgrade_that_finds_another_under_way_waits_for_it_rather_than_measure_beside_it(state_dir):
+    doc = json.loads(calibration_store.calibration_path(state_dir, "cpu").read_text())
+    doc["quick"] = False  # what the other upgrade leaves: nothing quick to redo once it has ended
+    calibration_store.calibration_path(state_dir, "cpu").write_text(json.dumps(doc))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom agent import calibration_store\n"
+        f"with calibration_store.upgrade_lock({str(state_dir)!r}) as held:\n"
+        "    print(held, flush=True)\n    time.sleep(0.5)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        held_at = time.monotonic()
+        assert calibration_store.upgrade_in_full(state_dir) is None  # not waiting: says another is under way
+        assert calibration_store.upgrade_in_full(state_dir, wait=True) == []  # waiting: after it, nothing left
+        assert time.monotonic() - held_at >= 0.4
+    finally:
+        holder.wait(timeout=30)
 
 
 def test_calibration_made_on_another_device_is_redone(state_dir):

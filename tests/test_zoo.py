@@ -12,7 +12,7 @@ from monitors.graphs.importer import load_graph
 def test_zoo_entries_are_unique_and_fully_bound() -> None:
     names = [m.name for m in zoo.ZOO]
     assert len(names) == len(set(names))
-    assert 40 <= len(names) <= 60
+    assert 40 <= len(names) <= 70
     for model in zoo.ZOO:
         assert model.inputs, model.name
         for spec in model.inputs.values():

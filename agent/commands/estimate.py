@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 from agent import calibration_store
@@ -52,6 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.time()
+    try:
+        return _run(args)
+    finally:
+        _upgrade_fresh_quick_calibrations(args, started)
+
+
+def _run(args: argparse.Namespace) -> int:
     for flag, root in (("--sysfs-root", args.sysfs_root), ("--procfs-root", args.procfs_root)):
         if not os.path.isdir(root):
             raise BadInput(f"{flag} {root}: not a directory")
@@ -66,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     acc = device_accelerator(est.device, state.accelerators) if state is not None else None
     if args.json:
         out = {"tier": est.tier, "latency_ms": None if latency is None else round(latency, 3),
-               "device": est.device, "kernels": est.kernels}
+               "device": est.device, "kernels": est.kernels, "calibration": _which(estimator, est.device)}
         if acc is not None:
             out["accelerator"] = acc.id
         if not args.at_rest:
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         shown = "does not fit on this device now" if latency is None else f"{latency:.2f} ms"
         where = est.device + (f" {acc.id}" if acc is not None else "")
-        print(f"{est.tier}  ({shown} on {where}, {est.kernels} kernels)")
+        print(f"{est.tier}  ({shown} on {where}, {est.kernels} kernels, {_which(estimator, est.device)} calibration)")
     if args.kernels:
         _print_plan(estimator.models[est.device], estimator.plan(graph, est.device))
     return 0
@@ -131,7 +140,7 @@ def _run_generation(args: argparse.Namespace) -> int:
                "time_to_first_token_tier": t.ttft_tier, "time_per_output_token_tier": t.tpot_tier,
                "prompt_tokens": spec.prompt_tokens, "output_tokens": spec.output_tokens,
                "memory_bytes": est.memory_bytes, "fits": est.why_not is None,
-               "device": est.device, "kernels": est.kernels}
+               "device": est.device, "kernels": est.kernels, "calibration": _which(estimator, est.device)}
         if not args.at_rest:
             out["slowdown"] = round(speed.cpu if est.device == "cpu" else (speed.gpu or 1.0), 3)
         print(json.dumps(out))
@@ -142,7 +151,7 @@ def _run_generation(args: argparse.Namespace) -> int:
                  if spec.output_tokens > 1 else "")
         print(f"{t.tier}  ({_duration(t.total_ms)} on {est.device} for {spec.output_tokens} token(s) after "
               f"{spec.prompt_tokens}: first token {_duration(t.ttft_ms)}{after}; needs "
-              f"{est.memory_bytes / 1e9:.2f} GB)")
+              f"{est.memory_bytes / 1e9:.2f} GB; {_which(estimator, est.device)} calibration)")
     if args.kernels:
         plan = plans[est.device]
         model = estimator.models[est.device]
@@ -150,6 +159,28 @@ def _run_generation(args: argparse.Namespace) -> int:
             print(f"{what}: {1000 * model.seconds(p):.2f} ms at rest, {len(p.kernels)} kernels")
             _print_plan(model, p)
     return 0
+
+
+def _which(estimator: Estimator, device: str) -> str:
+    """Which calibration answered: 'quick' or 'full'."""
+    return "quick" if estimator.calibrations[device].quick else "full"
+
+
+def _upgrade_fresh_quick_calibrations(args: argparse.Namespace, started: float) -> None:
+    """A first estimate answers on the quick calibration it has just made, then leaves the full one running
+    in the background (as the agent does), so that the next estimates answer on it."""
+    state_dir = args.state_dir or default_state_dir()
+    fresh = [d for d in ("cpu", "gpu") if (path := calibration_store.calibration_path(state_dir, d)).exists()
+             and path.stat().st_mtime >= started and (cal := calibration_store.load(state_dir, d)) and cal.quick]
+    if fresh:
+        try:
+            pid = calibration_store.start_upgrade(state_dir)
+        except OSError as exc:  # the answer stands on the quick calibration; `daop-agent calibrate` remains
+            print(f"daop-agent: answered on a quick calibration; could not start the full one: {exc}", file=sys.stderr)
+            return
+        print(f"daop-agent: answered on a quick calibration; the full one is under way in the background "
+              f"(pid {pid}, about a minute; its log: {Path(state_dir) / calibration_store.UPGRADE_LOG})",
+              file=sys.stderr)
 
 
 def _duration(ms: float) -> str:
