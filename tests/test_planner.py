@@ -44,14 +44,18 @@ def _w(shape, name, rng=RNG):
     return nh.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
 
 
-def test_conv_batchnorm_relu_is_one_kernel_as_in_onnxruntime(tmp_path):
-    c = 32
+def _conv_bn_relu(c: int) -> onnx.ModelProto:
+    """x (1x16x28x28) -> Conv 3x3 to `c` channels -> BatchNormalization -> Relu -> y."""
     inits = [_w((c, 16, 3, 3), "w"), _w((c,), "s"), _w((c,), "b"), _w((c,), "m"),
              nh.from_array(np.ones(c, np.float32), "v")]
     nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
              h.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
              h.make_node("Relu", ["bn"], ["y"])]
-    model = make_model(nodes, [value("x", [1, 16, 28, 28])], [value("y", None)], inits)
+    return make_model(nodes, [value("x", [1, 16, 28, 28])], [value("y", None)], inits)
+
+
+def test_conv_batchnorm_relu_is_one_kernel_as_in_onnxruntime(tmp_path):
+    model = _conv_bn_relu(32)
     p = plan(_graph(model))
     convs = [k for k in p.kernels if k.family == "conv"]
     assert len(convs) == 1 and convs[0].op == "Conv+BatchNormalization+Relu"
@@ -194,16 +198,10 @@ def test_a_transpose_pair_around_elementwise_ops_cancels_and_one_read_twice_stay
 def test_cuda_plan_runs_activations_apart_and_copies_the_inputs_and_outputs():
     """The CUDA provider folds the BatchNormalization into the Conv but runs the Relu as a kernel of its own,
     and the app's input crosses into GPU memory and its output back (MemcpyFromHost, MemcpyToHost)."""
-    c = 32
-    inits = [_w((c, 16, 3, 3), "w"), _w((c,), "s"), _w((c,), "b"), _w((c,), "m"),
-             nh.from_array(np.ones(c, np.float32), "v")]
-    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
-             h.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
-             h.make_node("Relu", ["bn"], ["y"])]
-    model = make_model(nodes, [value("x", [1, 16, 28, 28])], [value("y", None)], inits)
+    model = _conv_bn_relu(32)
     kernels = plan(_graph(model), CUDA).kernels
     assert [k.op for k in kernels] == ["MemcpyFromHost", "Conv+BatchNormalization", "Relu", "MemcpyToHost"]
-    assert kernels[0].work == 4 * 16 * 28 * 28 and kernels[-1].work == 4 * c * 28 * 28  # each tensor's bytes
+    assert kernels[0].work == 4 * 16 * 28 * 28 and kernels[-1].work == 4 * 32 * 28 * 28  # each tensor's bytes
     assert [k.op for k in plan(_graph(model)).kernels] == ["ReorderInput", "Conv+BatchNormalization+Relu",
                                                            "ReorderOutput"]  # the CPU: fused, in NCHWc
 
