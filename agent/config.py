@@ -72,6 +72,8 @@ class AgentLimits:
     # Address space (RLIMIT_AS) of each helper process that reads a request's payload or graph: a hostile graph
     # fails there, with an error answer, instead of taking the device's memory.
     worker_memory_mb: int = 1024
+    # Monitors one owner (a client scope, or the shared topics) may hold: no one app takes the device's all.
+    max_monitors_per_owner: int = 100
 
 
 @dataclass(frozen=True)
@@ -328,8 +330,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
                               "limits.worker_memory_mb"))
     if worker_mb < 512:  # a worker holds about 300 MB of address space before it reads anything
         raise BadInput(f"config: limits.worker_memory_mb must be at least 512, not {worker_mb}")
+    per_owner = int(positive("max_monitors_per_owner", (int,), 100))
     graph_limits = Limits.from_mapping(lim)  # the rest are graph limits; unknown keys are refused there
-    limits = AgentLimits(max_monitors, max_request, timeout, graph_limits, pending, worker_mb)
+    limits = AgentLimits(max_monitors, max_request, timeout, graph_limits, pending, worker_mb, per_owner)
 
     p = _table(data, "policy")
     floor = _take(p, "policy", "battery_floor_percent", (int, float), None)

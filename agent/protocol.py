@@ -19,7 +19,7 @@ from monitors.errors import BadInput
 from monitors.graphs.graph import DTYPE_CODES, InputSpec
 from monitors.placement import ContextHints
 from monitors.pricing.generation import GenerationSpec
-from monitors.requirements import Requirement
+from monitors.requirements import Requirement, finite_number
 from monitors.warm import MAX_LATENCIES
 
 METHODS = ("estimate", "meets", "monitors/create", "monitors/delete", "monitors/list", "monitors/running",
@@ -116,7 +116,7 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
         monitor = doc.get("monitor")
         if monitor is None and method != "monitors/create":
             raise BadInput("monitor is missing", "bad_monitor_id")
-        if monitor is not None and not (isinstance(monitor, str) and MONITOR_ID_RE.match(monitor)):
+        if monitor is not None and not (isinstance(monitor, str) and MONITOR_ID_RE.fullmatch(monitor)):
             raise BadInput(f"monitor id must be 1 to 64 of A-Z a-z 0-9 _ -, not {_short(monitor)}", "bad_monitor_id")
     running = _running(doc) if method == "monitors/running" else None
     latencies: tuple[float, ...] = ()
@@ -124,7 +124,7 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
     if method == "monitors/report":
         latencies = _latencies(doc.get("latenciesMs"))
         workload = doc.get("workload")
-        if workload is not None and not (isinstance(workload, str) and MONITOR_ID_RE.match(workload)):
+        if workload is not None and not (isinstance(workload, str) and MONITOR_ID_RE.fullmatch(workload)):
             raise BadInput(f"workload must name one of the monitor's workloads, not {_short(workload)}",
                            "bad_workload")
     return Request(method, transaction, workloads, monitor, running, latencies, workload, context)
@@ -161,7 +161,7 @@ def _workloads(doc: dict[str, Any]) -> tuple[Workload, ...]:
         if not isinstance(item, dict):
             raise BadInput(f"{where[:-1]} must be an object", "bad_workload")
         name = item.get("name")
-        if not (isinstance(name, str) and MONITOR_ID_RE.match(name)):
+        if not (isinstance(name, str) and MONITOR_ID_RE.fullmatch(name)):
             raise BadInput(f"{where}name must be 1 to 64 of A-Z a-z 0-9 _ -, not {_short(name)}", "bad_workload")
         if any(w.name == name for w in out):
             raise BadInput(f"{where}name {name!r} is used twice", "bad_workload")
@@ -216,8 +216,7 @@ def _running(doc: dict[str, Any]) -> Running:
     if not isinstance(running, bool):
         raise BadInput("running must be true or false", "bad_running")
     rate = doc.get("rateHz")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate)
-                             or not 0 < rate <= 10_000):
+    if rate is not None and (not finite_number(rate) or not 0 < rate <= 10_000):
         raise BadInput(f"rateHz must be a number of runs a second, above 0 and at most 10000, not {_short(rate)}",
                        "bad_running")
     pid = doc.get("pid")
@@ -228,7 +227,7 @@ def _running(doc: dict[str, Any]) -> Running:
 
 def _latencies(value: Any) -> tuple[float, ...]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_LATENCIES or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 3.6e6
+            finite_number(v) and 0 < v < 3.6e6
             for v in value):
         raise BadInput(f"latenciesMs must be a list of 1 to {MAX_LATENCIES} positive milliseconds (under an hour)",
                        "bad_report")

@@ -267,7 +267,7 @@ class RequestHandler:
     async def _create(self, request: Request, owner: str) -> dict[str, Any]:
         monitor = request.monitor or secrets.token_hex(8)
         self.registry.check_owner(monitor, owner)  # before the work of pricing it
-        self.registry.check_room(monitor)
+        self.registry.check_room(monitor, owner)
         analyses = self._placed(request, await self._analyses(request))
         workloads = []
         for w, a in zip(request.workloads, analyses, strict=True):

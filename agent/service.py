@@ -68,7 +68,7 @@ class Agent:
                                             *((cfg.homeassistant.status_topic,) if self.homeassistant else ())),
                              on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
         self.registry = MonitorRegistry(cfg.state_dir, cfg.rules, cfg.limits.max_monitors, self.topics,
-                                        self._send, str(cfg.procfs_root))
+                                        self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner)
         self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.link.answer,
                                        veto=lambda: self._veto, engine_error=lambda: self.engine_error,
                                        speeds=lambda: self.speeds)

@@ -1,0 +1,266 @@
+"""Service grade (issue 27): no request takes the agent offline for the other apps, seq never goes back.
+
+Names that become topic levels are matched whole; a topic the broker would refuse costs one message, never the
+connection; a stored monitor such a topic would come from is set aside at start. Real Mosquitto, real agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from agent_harness import AgentProcess, client, next_message, request_v5
+from prometheus_client import generate_latest
+from test_agent_contract import SMALL
+
+from agent.analysis import Analysis
+from agent.config import Broker, MetricsSettings
+from agent.metrics import Metrics
+from agent.mqtt_link import MqttLink
+from agent.notify import Notifier
+from agent.protocol import parse_request
+from agent.registry import MonitorRegistry
+from agent.store import MonitorStore, atomic_write
+from agent.topics import Outgoing, Topics, topic_fault
+from daop_client.address import check_device_id
+from monitors.errors import BadInput
+from monitors.requirements import Requirement
+from monitors.speed.present import Speed
+from monitors.table import MonitorRules
+
+DEV = "dev1"
+
+
+@pytest.mark.parametrize("method,body", [
+    ("monitors/create", {"monitor": "x\n", "onnx": SMALL, "requiredTier": "poor"}),
+    ("monitors/delete", {"monitor": "x\n"}),
+    ("monitors/report", {"monitor": "m", "workload": "w\n", "latenciesMs": [1.0]}),
+    ("meets", {"workloads": [{"name": "w\n", "onnx": SMALL, "requiredTier": "poor"}]}),
+])
+def test_a_name_with_a_final_newline_is_refused(method, body):
+    with pytest.raises(BadInput):
+        parse_request(method, json.dumps(body).encode(), 1 << 20)
+
+
+def test_an_owner_with_a_final_newline_is_no_owner():
+    topics = Topics("daop/d/")
+    assert topics.owner_request("daop/d/client/app/request/monitors/list") == ("app", "monitors/list")
+    assert topics.owner_request("daop/d/client/app\n/request/monitors/list") is None
+
+
+def test_a_device_id_with_a_final_newline_is_refused():
+    with pytest.raises(ValueError):
+        check_device_id("dev\n")
+
+
+@pytest.mark.parametrize("topic", ["daop/d/monitors/x\n/state", "a/\x00/b", "a/\x7f", "a/\u0085", "a/+/b", "a/#",
+                                   "", "a/\ud800", "a/\uffff", "a/" + "b" * 65536])
+def test_topics_the_broker_would_refuse_are_told(topic):
+    assert topic_fault(topic) is not None
+
+
+def test_ordinary_topics_pass():
+    assert topic_fault("daop/d/client/app/monitors/m-1_x/state") is None
+    assert topic_fault("daop/d/monitors/caf\u00e9/state") is None
+
+
+async def test_a_topic_the_broker_would_refuse_costs_one_message_not_the_connection(mosquitto, caplog):
+    """The link drops the one message (logged) and stays connected: the message after it arrives."""
+    topics = Topics(f"daop/{DEV}/")
+    link = MqttLink([Broker(host="127.0.0.1", port=mosquitto.port)], "agent-t", topics, Notifier(),
+                    retained=lambda: [Outgoing(topics.monitor_state("x\n"), b"{}", retain=True),
+                                      Outgoing(topics.monitor_state("ok"), b'{"seq": 1}', retain=True)],
+                    on_request=lambda method, message: None, monitors=lambda: 0)
+    stop = asyncio.Event()
+    async with client(mosquitto.port) as app:
+        await app.subscribe(f"daop/{DEV}/#", qos=1)
+        task = asyncio.create_task(link.run(stop))
+        try:
+            await asyncio.wait_for(link.connected.wait(), 10)
+            link.send(Outgoing(topics.monitor_events("y\r"), b"{}", retain=False),
+                      Outgoing(topics.monitor_events("ok"), b'{"seq": 2}', retain=False))
+            seen = {}
+            while len(seen) < 3:
+                m = await next_message(app)
+                seen[m.topic.value] = m.payload
+            assert seen[f"daop/{DEV}/monitors/ok/state"] == b'{"seq": 1}'
+            assert seen[f"daop/{DEV}/monitors/ok/events"] == b'{"seq": 2}'
+            assert link.connected.is_set()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+    assert sum("broker would refuse" in r.getMessage() for r in caplog.records) == 2
+    assert not any("retrying" in r.getMessage() for r in caplog.records)
+
+
+async def test_create_with_a_newline_in_its_id_is_refused_and_the_agent_stays_online(state_dir, mosquitto):
+    agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV).start()
+    try:
+        agent.wait_log("connected to")
+        async with client(mosquitto.port) as app:
+            answer, _ = await request_v5(app, DEV, "monitors/create",
+                                         {"onnx": SMALL, "requiredTier": "poor", "monitor": "x\n"})
+            assert answer["error"]["code"] == "bad_monitor_id"
+            answer, _ = await request_v5(app, DEV, "monitors/create",
+                                         {"onnx": SMALL, "requiredTier": "poor", "monitor": "ok"})
+            assert answer["status"] == "ok"
+            await app.subscribe(f"daop/{DEV}/status", qos=1)
+            assert json.loads((await next_message(app)).payload)["state"] == "online"
+        assert agent.log.count("connected to") == 1
+    finally:
+        agent.stop()
+
+
+async def test_a_stored_monitor_whose_topic_the_broker_would_refuse_is_set_aside_at_start(state_dir, mosquitto):
+    agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV).start()
+    try:
+        agent.wait_log("connected to")
+        async with client(mosquitto.port) as app:
+            answer, _ = await request_v5(app, DEV, "monitors/create",
+                                         {"onnx": SMALL, "requiredTier": "poor", "monitor": "keep"})
+            assert answer["status"] == "ok"
+    finally:
+        agent.stop()
+    folder = state_dir / "monitors"
+    doc = json.loads((folder / "keep.json").read_bytes())
+    (folder / "x\n.json").write_text(json.dumps({**doc, "monitor": "x\n"}))  # as an older agent stored it
+    agent.start()
+    try:
+        agent.wait_log("connected to")
+        async with client(mosquitto.port) as app:
+            await app.subscribe(f"daop/{DEV}/status", qos=1)
+            assert json.loads((await next_message(app)).payload)["state"] == "online"
+            answer, _ = await request_v5(app, DEV, "monitors/list", {})
+            assert [m["monitor"] for m in answer["data"]["monitors"]] == ["keep"]
+        assert "set aside" in agent.log and agent.log.count("connected to") == 1
+        assert not (folder / "x\n.json").exists()
+    finally:
+        agent.stop()
+
+
+def test_a_corrupt_owner_scoped_monitor_is_cleared_in_its_owners_scope(tmp_path: Path):
+    store = MonitorStore(tmp_path)
+    store.prepare()
+    (store.folder / "m.json").write_text(json.dumps({"format": 2, "monitor": "m", "owner": "app", "workloads": []}))
+    store.load()
+    assert store.set_aside == [("m", "app")]
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path):
+    target = tmp_path / "f.json"
+    target.mkdir()
+    (target / "inside").write_text("x")  # os.replace onto a non-empty folder fails
+    with pytest.raises(OSError):
+        atomic_write(target, b"data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert os.listdir(target) == ["inside"]
+
+
+def test_an_answer_the_disk_has_not_taken_is_neither_retained_nor_listed_fault_made_by_a_dir_for_the_seq_file(
+        tmp_path: Path):
+    """While the seq file cannot be saved, monitors/list and a reconnect's retained states say the saved answer
+    (seq 1), not the held one (seq 3): a kill -9 then never makes the next change reuse a seq seen."""
+    sent: list = []
+
+    async def scenario() -> None:
+        reg = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
+        reg.load()
+        analysis = Analysis({"cpu": "{}"}, {"cpu": 5.0}, 0)
+        await reg.create("m", [("", Requirement.parse({"requiredTier": "good"}), analysis)], Speed(), False)
+        seq_file = tmp_path / "monitor-seq.json"
+        seq_file.unlink()
+        seq_file.mkdir()
+        assert await reg.evaluate(10.0, [Speed()], True) == 1  # vetoed: false, held
+        assert await reg.evaluate(11.0, [Speed()], False) == 1  # true again, held
+        assert [(x["seq"], x["meetsRequirement"]) for x in reg.listing("")] == [(1, True)]
+        assert [json.loads(m.payload)["seq"] for m in reg.retained()] == [1]
+        seq_file.rmdir()
+        assert await reg.evaluate(12.0, [Speed()], False) == 0  # saved now
+        assert [x["seq"] for x in reg.listing("")] == [3]
+        assert [json.loads(m.payload)["seq"] for m in reg.retained()] == [3]
+        reloaded = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: None)
+        reloaded.load()
+        assert reloaded.table.last_seq >= 3
+
+    asyncio.run(scenario())
+
+
+async def test_on_reconnect_the_newest_state_is_the_retained_one(mosquitto):
+    """States queued while the broker was away are older than those published on connect: dropped, so the
+    retained state never goes 10 -> 5 -> 10; the queued event still goes."""
+    topics = Topics(f"daop/{DEV}/")
+    state = topics.monitor_state("m")
+    link = MqttLink([Broker(host="127.0.0.1", port=mosquitto.port)], "agent-r", topics, Notifier(),
+                    retained=lambda: [Outgoing(state, b'{"seq": 10}', retain=True)],
+                    on_request=lambda method, message: None, monitors=lambda: 1)
+    link.send(Outgoing(state, b'{"seq": 5}', retain=True), Outgoing(topics.monitor_events("m"), b'{"seq": 5}',
+                                                                     retain=False))
+    stop = asyncio.Event()
+    async with client(mosquitto.port) as app:
+        await app.subscribe(f"daop/{DEV}/monitors/#", qos=1)
+        task = asyncio.create_task(link.run(stop))
+        try:
+            got = [await next_message(app), await next_message(app)]
+            with pytest.raises(TimeoutError):
+                await next_message(app, timeout=1.0)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+    assert [(m.topic.value, m.payload) for m in got] == [(state, b'{"seq": 10}'),
+                                                         (topics.monitor_events("m"), b'{"seq": 5}')]
+
+
+HUGE = 10 ** 400  # a 401-digit integer: valid JSON, too large for any float
+
+
+@pytest.mark.parametrize("method,body", [
+    ("meets", {"onnx": SMALL, "requiredRate": HUGE}),
+    ("meets", {"onnx": SMALL, "requiredDeadlineMs": HUGE}),
+    ("monitors/report", {"monitor": "m", "latenciesMs": [HUGE]}),
+    ("monitors/running", {"monitor": "m", "running": True, "rateHz": HUGE}),
+])
+def test_a_401_digit_integer_is_a_bad_request_not_an_internal_error(method, body):
+    with pytest.raises(BadInput) as refused:
+        parse_request(method, json.dumps(body).encode(), 1 << 20)
+    assert refused.value.code in ("bad_requirement", "bad_report", "bad_running")
+
+
+def test_an_owner_cannot_have_its_answers_published_into_the_shared_response_topics():
+    topics = Topics("daop/d/")
+    assert topics.answer_topic("estimate", "daop/d/response/client/x", "app") == "daop/d/client/app/response/estimate"
+    assert topics.answer_topic("estimate", "daop/d/client/app/response/client/x", "app") == \
+        "daop/d/client/app/response/client/x"
+    assert topics.answer_topic("estimate", "daop/d/response/client/x", "") == "daop/d/response/client/x"
+
+
+def test_one_owner_cannot_take_every_monitor_of_the_device(tmp_path: Path):
+    async def scenario() -> None:
+        reg = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: None,
+                              max_per_owner=3)
+        reg.load()
+        analysis = Analysis({"cpu": "{}"}, {"cpu": 5.0}, 0)
+        good = Requirement.parse({"requiredTier": "good"})
+        for i in range(3):
+            await reg.create(f"a{i}", [("", good, analysis)], Speed(), False, owner="greedy")
+        with pytest.raises(BadInput) as refused:
+            await reg.create("a3", [("", good, analysis)], Speed(), False, owner="greedy")
+        assert refused.value.code == "too_many_monitors"
+        await reg.create("a0", [("", good, analysis)], Speed(), False, owner="greedy")  # a replace takes no room
+        await reg.create("b0", [("", good, analysis)], Speed(), False, owner="other")  # another owner has room
+
+    asyncio.run(scenario())
+
+
+def test_the_default_metrics_do_not_tell_whether_a_gpu_was_calibrated(tmp_path: Path):
+    def metrics(device_state: bool) -> str:
+        m = Metrics(MetricsSettings(device_state=device_state), monitors=lambda: 0, running=lambda: 0,
+                    connected=lambda: True, calibrating=lambda: False, calibration_file=lambda d: tmp_path / d)
+        return generate_latest(m.registry).decode()
+
+    assert 'daop_calibration_age_seconds{device="cpu"}' in metrics(False)
+    assert 'device="gpu"' not in metrics(False)
+    assert 'daop_calibration_age_seconds{device="gpu"}' in metrics(True)
