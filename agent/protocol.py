@@ -33,8 +33,12 @@ MAX_PID = 1 << 22  # the kernel's pid_max ceiling
 
 @dataclass(frozen=True)
 class ModelSource:
-    fmt: str  # 'onnx' (bytes), 'webnn' (text) or 'json' (a dict)
-    source: bytes | str | dict[str, Any]
+    """`fmt` 'onnx' (bytes), 'webnn' (text), 'json' (a dict), or 'json-request': a webnn-graph-json model left
+    in the request's payload, `(payload, index)` (index: which of `workloads`, None for the request's own
+    `graph`), read again where it is priced (graph_in_request) rather than carried as objects or re-serialised."""
+
+    fmt: str
+    source: Any
 
 
 @dataclass(frozen=True)
@@ -132,16 +136,36 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
 
 def parse_request_compact(method: str, payload: bytes, max_bytes: int) -> Request:
     """`parse_request` for a helper process (a large payload is parsed off the agent's event loop): what comes
-    back to the agent is compact to pickle, a webnn-graph-json model as its JSON bytes, not as objects; and a
-    payload whose parse needs more than the process's memory ceiling is refused."""
+    back to the agent is only what it needs. A webnn-graph-json model comes back as where it lies in the
+    payload the agent already holds (`json-request`, its payload filled in by `with_payload`), never as
+    objects nor re-serialised (a `1e15` written back is `1000000000000000.0`: the agent would hold several
+    times the request). A payload whose parse needs more than the process's memory ceiling is refused."""
     try:
         request = parse_request(method, payload, max_bytes)
     except MemoryError:
         raise BadInput("the request needs more memory to read than the agent allows (limits.worker_memory_mb)",
                        "too_large") from None
-    workloads = tuple(dataclasses.replace(w, model=ModelSource("json", json.dumps(w.model.source).encode()))
-                      if w.model.fmt == "json" else w for w in request.workloads)
+    grouped = request.method in ("meets", "monitors/create") and any(w.name for w in request.workloads)
+    workloads = tuple(dataclasses.replace(w, model=ModelSource("json-request", (None, i if grouped else None)))
+                      if w.model.fmt == "json" else w for i, w in enumerate(request.workloads))
     return dataclasses.replace(request, workloads=workloads)
+
+
+def with_payload(request: Request, payload: bytes) -> Request:
+    """A compact request's `json-request` models pointed at its payload (the bytes the agent holds already)."""
+    workloads = tuple(dataclasses.replace(w, model=ModelSource("json-request", (payload, w.model.source[1])))
+                      if w.model.fmt == "json-request" else w for w in request.workloads)
+    return dataclasses.replace(request, workloads=workloads)
+
+
+def graph_in_request(source: tuple[bytes, int | None]) -> dict[str, Any]:
+    """The webnn-graph-json model a `json-request` source points at, read from its payload again (in a worker)."""
+    payload, index = source
+    doc = json.loads(payload)
+    graph = doc["graph"] if index is None else doc["workloads"][index]["graph"]
+    if not isinstance(graph, dict):
+        raise BadInput("graph must be a webnn-graph-json object", "bad_model")
+    return graph
 
 
 def _workloads(doc: dict[str, Any]) -> tuple[Workload, ...]:

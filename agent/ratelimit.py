@@ -44,6 +44,16 @@ class ClientBudgets:
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def check(self, owner: str, now: float) -> None:
+        """Raises RateLimited when `owner`'s bucket is empty now, taking nothing: asked before a request's
+        payload is read, so that an over-budget client costs the agent no parsing."""
+        bucket = self._buckets.get(owner)
+        if bucket is None:
+            return
+        tokens = min(self.burst, bucket.tokens + max(0.0, now - bucket.at) * self.per_s)
+        if tokens < 1.0:
+            raise RateLimited(max(1, math.ceil((1.0 - tokens) / self.per_s)))
+
     def take(self, owner: str, now: float) -> None:
         """One request of `owner`'s at `now`; raises RateLimited when its bucket is empty."""
         bucket = self._buckets.pop(owner, None) or Bucket(self.burst, now)

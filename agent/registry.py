@@ -87,6 +87,7 @@ class MonitorRegistry:
             self._add(m)
             self.learnt[m.monitor] = self._load_learnt(m)
         self.table.last_seq = max(self.table.last_seq, last_seq)
+        self.table.hold()  # they keep their stored answers until the agent's present speed has a full reading
         if monitors:
             log.info("loaded %d monitor(s) from %s", len(monitors), self.store.folder)
 

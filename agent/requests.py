@@ -23,9 +23,19 @@ from typing import Any
 
 import aiomqtt
 
+from agent import heap
 from agent.analysis import Analysis, AnalysisPool, EngineError
 from agent.config import Config
-from agent.protocol import METHODS, Request, error, ok, parse_request, parse_request_compact, transaction_of
+from agent.protocol import (
+    METHODS,
+    Request,
+    error,
+    ok,
+    parse_request,
+    parse_request_compact,
+    transaction_of,
+    with_payload,
+)
 from agent.ratelimit import PRICED_METHODS, ClientBudgets, RateLimited
 from agent.registry import MonitorRegistry
 from agent.topics import Topics
@@ -92,6 +102,13 @@ class RequestHandler:
             self._answer_now(method, route, "too_large", f"request is {size} bytes, more than the limit of "
                              f"{limits.max_request_bytes}", None, owner)
             return
+        if self.budgets is not None and method in PRICED_METHODS:
+            try:  # before anything of the payload is read: an over-budget client costs no parsing
+                self.budgets.check(owner, time.monotonic())
+            except RateLimited as exc:
+                transaction = transaction_of(payload) if size <= TRANSACTION_SCAN_BYTES else None
+                self._answer_now(method, route, exc.code, str(exc), transaction, owner, exc.retry_after_s)
+                return
         if len(self.tasks) >= MAX_PENDING_REQUESTS or self.pending_bytes + size > limits.max_pending_bytes:
             transaction = transaction_of(payload) if size <= TRANSACTION_SCAN_BYTES else None
             self._answer_now(method, route, "busy", "too many requests in hand; retry later", transaction, owner)
@@ -104,9 +121,10 @@ class RequestHandler:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _answer_now(self, method: str, route: Route, code: str, message: str, transaction: Any, owner: str) -> None:
+    def _answer_now(self, method: str, route: Route, code: str, message: str, transaction: Any, owner: str,
+                    retry_after_s: int | None = None) -> None:
         """An error answer without keeping the request (a task holds only the answer)."""
-        answer = error(code, message, transaction)
+        answer = error(code, message, transaction, retry_after_s)
         self._spawn(self._reply(method, route, answer, owner))
         self._observed(method, code, time.monotonic())
 
@@ -138,6 +156,8 @@ class RequestHandler:
                 self._observed(method, outcome, started)
         finally:
             self.pending_bytes -= size
+            if size > OFFLOOP_PARSE_BYTES:
+                heap.trim()  # what the large request took goes back (agent/heap.py)
 
     async def _parse(self, method: str, payload: bytes) -> Request:
         """A small request is read here; a large one in a worker (its JSON and base64 take the loop for long,
@@ -150,7 +170,7 @@ class RequestHandler:
         await self.pool.wait_ready(CALIBRATION_WAIT_S)
         request: Request = await self.pool.parse(parse_request_compact, method, payload,
                                                  self.cfg.limits.max_request_bytes)
-        return request
+        return with_payload(request, payload)
 
     def _observed(self, method: str, outcome: str, started: float) -> None:
         if self.observe is not None:  # an unknown method is counted under one name: topics are the requester's

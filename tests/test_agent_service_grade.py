@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,20 @@ from agent.config import Broker, MetricsSettings
 from agent.metrics import Metrics
 from agent.mqtt_link import MqttLink
 from agent.notify import Notifier
-from agent.protocol import parse_request
+from agent.protocol import ModelSource, graph_in_request, parse_request, parse_request_compact, with_payload
+from agent.ratelimit import ClientBudgets, RateLimited
 from agent.registry import MonitorRegistry
+from agent.simulation.trees import laptop
 from agent.store import MonitorStore, atomic_write
 from agent.topics import Outgoing, Topics, topic_fault
 from daop_client.address import check_device_id
 from monitors.errors import BadInput
+from monitors.pricing.tiers import bound_ms
 from monitors.requirements import Requirement
-from monitors.speed.present import Speed
-from monitors.table import MonitorRules
+from monitors.speed.present import PresentSpeed, Speed
+from monitors.speed.refresh_policy import RefreshPolicy
+from monitors.table import Change, Member, MonitorRules, MonitorTable
+from probes.state import Sampler
 
 DEV = "dev1"
 
@@ -264,3 +270,131 @@ def test_the_default_metrics_do_not_tell_whether_a_gpu_was_calibrated(tmp_path: 
     assert 'daop_calibration_age_seconds{device="cpu"}' in metrics(False)
     assert 'device="gpu"' not in metrics(False)
     assert 'daop_calibration_age_seconds{device="gpu"}' in metrics(True)
+
+
+# -- no event from the agent's own restart ---------------------------------------------------------------------
+
+
+def test_monitors_loaded_at_start_keep_their_stored_answers_until_released():
+    """A restart under load: the first sample reads 1.7x slower, which would flip a stored monitor at once."""
+    t = MonitorTable(MonitorRules(margin=0.1, dwell_s=1.0, max_events_per_minute=6))
+    t.add("stored", [Member(80.0, "cpu", bound_ms("good"))], meets=True, seq=4)
+    t.hold()
+    t.add("new", [Member(80.0, "cpu", bound_ms("good"))], meets=True, seq=5)  # created after the start
+    assert t.evaluate(0.0, Speed(cpu=1.7)) == [Change("new", False, 6)]
+    assert t.evaluate(5.0, Speed(cpu=1.7)) == [] and t.meets("stored")
+    t.release()
+    assert [c.monitor for c in t.evaluate(5.1, Speed(cpu=1.0))] == ["new"]  # quiet: "stored" had no event at all
+    assert t.evaluate(6.2, Speed(cpu=1.7)) == [Change("stored", False, 8), Change("new", False, 9)]
+
+
+def test_a_registry_holds_the_monitors_it_loads(tmp_path: Path):
+    sent: list = []
+
+    async def scenario() -> None:
+        reg = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
+        reg.load()
+        await reg.create("m", [("", Requirement.parse({"requiredTier": "good"}), Analysis({"cpu": "{}"},
+                                                                                          {"cpu": 80.0}, 0))],
+                         Speed(), False)
+        again = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
+        again.load()
+        assert await again.evaluate(1.0, [Speed(cpu=1.7)], False) == 0
+        again.table.release()
+        assert await again.evaluate(2.0, [Speed(cpu=1.7)], False) == 1
+
+    asyncio.run(scenario())
+
+
+def test_laptop_fixture_tree_a_full_reading_needs_a_paired_refresh_or_two_samples(tmp_path: Path):
+    tree = laptop(tmp_path)
+    tree.set_stat(busy=1000, idle=9000)
+    sampler = Sampler(tree.sys, tree.proc)
+    first = sampler.sample()
+    tree.set_stat(busy=1000, idle=9100)
+    second = sampler.sample()
+    present = PresentSpeed(threads=4, policy=RefreshPolicy(period_s=60))
+    present.observe(first, 0.0)
+    assert not present.full_reading(True) and not present.full_reading(False)
+    assert present.start_refresh(0.0)
+    present.refreshed(1.0, None, started_at=0.0, cpu_s=0.1)
+    assert not present.full_reading(True)  # a reading is taken with the next state
+    present.observe(second, 1.0)
+    assert present.full_reading(True) and present.full_reading(False)
+    busy = PresentSpeed(threads=4)
+    busy.observe(first, 0.0, own_work=True)
+    busy.observe(second, 1.0, own_work=True)
+    assert not busy.full_reading(False)  # the agent's own work is not a reading of the device
+
+
+# -- bounded memory in the agent process itself -------------------------------------------------------------------
+
+MLP = json.loads((Path(__file__).resolve().parent.parent / "examples" / "mlp.json").read_text())
+MLP_INPUTS = {"features": {"shape": [1, 256], "dataType": "float32"}}
+
+
+def padded(doc: dict, size: int = 300_000) -> bytes:
+    """`doc` as JSON with whitespace to `size` bytes: over OFFLOOP_PARSE_BYTES, so read in a worker."""
+    body = json.dumps(doc).encode()
+    return body[:-1] + b" " * max(0, size - len(body)) + b"}"
+
+
+def test_a_large_graph_comes_back_from_the_worker_as_where_it_lies_not_as_its_json():
+    """The worker's answer to the agent is small whatever the graph's size: the agent keeps the payload it holds
+    already, and the graph is read again where it is priced (a `1e15` written back would be 4 times larger)."""
+    payload = b'{"transaction": 7, "graph": {"consts": [' + b",".join([b"1e15"] * 200_000) + b"]}}"
+    request = parse_request_compact("estimate", payload, 16 << 20)
+    assert len(pickle.dumps(request)) < 2000
+    assert request.workloads[0].model == ModelSource("json-request", (None, None))
+    full = with_payload(request, payload)
+    assert full.workloads[0].model.source[0] is payload  # the very bytes, not a copy
+    assert len(graph_in_request(full.workloads[0].model.source)["consts"]) == 200_000
+    group = json.dumps({"workloads": [{"name": "a", "graph": MLP, "requiredTier": "poor"},
+                                      {"name": "b", "onnx": SMALL, "requiredTier": "poor"},
+                                      {"name": "c", "graph": {"x": 1}, "requiredTier": "poor"}]}).encode()
+    compact = with_payload(parse_request_compact("meets", group, 16 << 20), group)
+    assert [w.model.fmt for w in compact.workloads] == ["json-request", "onnx", "json-request"]
+    assert graph_in_request(compact.workloads[2].model.source) == {"x": 1}
+
+
+def test_a_spent_budget_is_checked_before_anything_is_read():
+    budgets = ClientBudgets(burst=2, per_minute=6, max_clients=10)
+    budgets.check("a", 0.0)  # a new client: full
+    budgets.take("a", 0.0)
+    budgets.take("a", 0.0)
+    with pytest.raises(RateLimited):
+        budgets.check("a", 1.0)
+    budgets.check("a", 10.0)  # one token back after 10 s, and checking takes none
+    budgets.check("a", 10.0)
+    budgets.take("a", 10.0)
+
+
+BUDGET_CONFIG = """
+[privacy]
+burst = 2
+per_minute = 1
+"""
+
+
+async def test_an_over_budget_client_is_refused_before_its_payload_is_read_and_large_graphs_are_priced(
+        state_dir, mosquitto, tmp_path):
+    config = tmp_path / "agent.toml"
+    config.write_text(BUDGET_CONFIG)
+    agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV, config=config).start()
+    try:
+        agent.wait_log("connected to")
+        async with client(mosquitto.port) as app:
+            small = {"graph": MLP, "inputs": MLP_INPUTS}
+            answer, _ = await request_v5(app, DEV, "estimate", small, owner="big")
+            tier = answer["data"]["performanceTier"]
+            answer, _ = await request_v5(app, DEV, "estimate", padded(small), owner="big")  # read in a worker
+            assert answer["data"]["performanceTier"] == tier
+            group = {"workloads": [{"name": "a", "graph": MLP, "inputs": MLP_INPUTS, "requiredTier": "poor"},
+                                   {"name": "b", "onnx": SMALL, "requiredTier": "poor"}]}
+            answer, _ = await request_v5(app, DEV, "meets", padded(group), owner="group")
+            assert answer["data"]["workloads"] == {"a": True, "b": True}
+            answer, _ = await request_v5(app, DEV, "estimate", b"{not json", owner="big")
+            assert answer["error"]["code"] == "rate_limited"  # refused before it is read: not bad_json
+            assert answer["error"]["retryAfterS"] >= 1
+    finally:
+        agent.stop()
