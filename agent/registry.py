@@ -22,7 +22,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from monitors.requirements import Requirement
 from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest, measured_share
 from monitors.table import MonitorRules, MonitorTable, initial_answer
 from monitors.warm import Learnt, reduce
+from probes.liveness import process_runs
 
 log = logging.getLogger("daop-agent")
 
@@ -375,7 +375,7 @@ class MonitorRegistry:
         """An app that said it runs a monitor's workloads in a process that is gone no longer runs them."""
         for rec in list(self.records.values()):
             pid = rec.running.pid if rec.running else None
-            if pid and not os.path.exists(os.path.join(self.procfs_root, str(pid))):
+            if pid and not process_runs(pid, self.procfs_root):
                 log.info("monitor %s: its app's process %d is gone: no longer running here", rec.monitor, pid)
                 try:
                     await self.set_running(rec.monitor, Running(False))

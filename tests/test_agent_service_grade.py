@@ -10,6 +10,9 @@ import asyncio
 import json
 import os
 import pickle
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,9 +38,11 @@ from monitors.requirements import Requirement
 from monitors.speed.present import PresentSpeed, Speed
 from monitors.speed.refresh_policy import RefreshPolicy
 from monitors.table import Change, Member, MonitorRules, MonitorTable
+from probes.liveness import process_runs
 from probes.state import Sampler
 
 DEV = "dev1"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("method,body", [
@@ -398,3 +403,83 @@ async def test_an_over_budget_client_is_refused_before_its_payload_is_read_and_l
             assert answer["error"]["retryAfterS"] >= 1
     finally:
         agent.stop()
+
+
+# -- the app's process under hidepid ------------------------------------------------------------------------------
+
+APP_UID = 12345
+# The agent in a mount namespace of its own, /proc mounted hidepid=invisible, without any capability and outside
+# gid 0 (which hidepid exempts): the app's /proc/<pid>, under another uid, is hidden from it, as from a dynamic
+# user under ProtectProc=invisible. (Its uid stays 0 here: this machine's Python lives under /root, which
+# another uid cannot run; without capabilities uid 0 is no exemption.)
+HIDEPID = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c",
+           "mount -t proc -o hidepid=invisible proc /proc && exec setpriv --regid=4242 --clear-groups "
+           '--bounding-set=-all --inh-caps=-all --no-new-privs -- "$@"', "sh"]
+
+
+def hidepid_available() -> str | None:
+    """Why a hidepid proc mount with another uid cannot be made here (None: it can)."""
+    if os.geteuid() != 0:
+        return "needs root (a mount namespace and other uids)"
+    if not (shutil.which("unshare") and shutil.which("setpriv")):
+        return "needs unshare and setpriv (util-linux)"
+    probe = subprocess.run([*HIDEPID, "test", "!", "-e", "/proc/1"], capture_output=True, timeout=30)  # init's
+    return None if probe.returncode == 0 else f"no hidepid=invisible proc mount here: {probe.stderr[-200:]!r}"
+
+
+def test_liveness_asks_the_kernel_where_proc_hides_a_process():
+    assert process_runs(os.getpid())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not process_runs(gone.pid)
+    why = hidepid_available()
+    if why:
+        pytest.skip(why)
+    check = ("import os, sys; from probes.liveness import process_runs; "
+             "print(os.path.exists('/proc/1'), process_runs(1))")
+    out = subprocess.run([*HIDEPID, sys.executable, "-c", check], capture_output=True, text=True, cwd=REPO,
+                         timeout=60)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+async def test_agent_on_a_hidepid_proc_mount_keeps_the_declared_run_of_an_app_under_another_uid(
+        state_dir, mosquitto):
+    """The shipped unit's case: the agent cannot see the app's /proc/<pid> (hidepid=invisible, no capability), yet
+    the app's declared run lasts while the app runs, and ends once its process is gone."""
+    why = hidepid_available()
+    if why:
+        pytest.skip(why)
+    app = subprocess.Popen(["setpriv", f"--reuid={APP_UID}", f"--regid={APP_UID}", "--clear-groups", "sleep", "300"])
+    try:
+        hidden = subprocess.run([*HIDEPID, "test", "!", "-e", f"/proc/{app.pid}"], timeout=30)
+        assert hidden.returncode == 0  # the agent below cannot see the app's /proc/<pid>
+        agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV)
+        agent.args = [*HIDEPID, *agent.args]
+        agent.start()
+        try:
+            agent.wait_log("connected to")
+            async with client(mosquitto.port) as c:
+                answer, _ = await request_v5(c, DEV, "monitors/create",
+                                             {"onnx": SMALL, "requiredTier": "poor", "monitor": "m"})
+                assert answer["status"] == "ok", answer
+                answer, _ = await request_v5(c, DEV, "monitors/running",
+                                             {"monitor": "m", "running": True, "pid": app.pid, "rateHz": 10})
+                assert answer["status"] == "ok", answer
+            await asyncio.sleep(3.0)  # 30 samples
+            assert "is gone" not in agent.log, agent.log[-3000:]
+            app.kill()
+            app.wait()
+            agent.wait_log(f"its app's process {app.pid} is gone", timeout=20)
+        finally:
+            agent.stop()
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+
+
+def test_the_shipped_unit_lets_the_agent_see_the_processes_of_the_apps_that_declare_themselves():
+    """ProtectProc=invisible (or ptraceable) with DynamicUser= hides every app's /proc/<pid> from the agent."""
+    unit = (REPO / "systemd" / "daop-agent.service").read_text()
+    settings = [line.split("=", 1)[1].strip() for line in unit.splitlines() if line.startswith("ProtectProc=")]
+    assert settings == ["default"]
