@@ -23,12 +23,14 @@ from monitors.requirements import Requirement, finite_number
 from monitors.warm import MAX_LATENCIES
 
 METHODS = ("estimate", "meets", "monitors/create", "monitors/delete", "monitors/list", "monitors/running",
-           "monitors/report")
+           "monitors/report", "monitors/renew")
 MODEL_FIELDS = {"onnx": "onnx", "webnn": "webnn", "graph": "json"}  # request field -> importer format
 MAX_TRANSACTION_CHARS = 256
 MAX_INPUTS = 1024
 MAX_WORKLOADS = 16  # in one group
 MAX_PID = 1 << 22  # the kernel's pid_max ceiling
+MIN_LEASE_S, MAX_LEASE_S = 10, 7 * 86400  # a monitor's lease (docs/mqtt.md "Leases")
+MAX_RENEW = 1000  # monitors renewed by one request
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class Request:
     latencies_ms: tuple[float, ...] = ()  # a report's
     workload: str | None = None  # which of a group's workloads a report is for
     context: ContextHints | None = None  # WebNN's context options: where to run it
+    lease_s: float | None = None  # a create's lease: deleted once this long passes unrenewed (None: no lease)
+    monitors: tuple[str, ...] = ()  # the monitors a renew is for
 
     @property
     def group(self) -> bool:
@@ -131,7 +135,25 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
         if workload is not None and not (isinstance(workload, str) and MONITOR_ID_RE.fullmatch(workload)):
             raise BadInput(f"workload must name one of the monitor's workloads, not {_short(workload)}",
                            "bad_workload")
-    return Request(method, transaction, workloads, monitor, running, latencies, workload, context)
+    lease = _lease(doc.get("leaseS")) if method == "monitors/create" else None
+    renewed = _renewed(doc.get("monitors")) if method == "monitors/renew" else ()
+    return Request(method, transaction, workloads, monitor, running, latencies, workload, context, lease, renewed)
+
+
+def _lease(value: Any) -> float | None:
+    if value is None:
+        return None
+    if not finite_number(value) or not MIN_LEASE_S <= value <= MAX_LEASE_S:
+        raise BadInput(f"leaseS must be the seconds a monitor lives unrenewed, {MIN_LEASE_S} to {MAX_LEASE_S}, "
+                       f"not {_short(value)}", "bad_lease")
+    return float(value)
+
+
+def _renewed(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_RENEW or not all(
+            isinstance(m, str) and MONITOR_ID_RE.fullmatch(m) for m in value):
+        raise BadInput(f"monitors must be a list of 1 to {MAX_RENEW} monitor ids", "bad_monitor_id")
+    return tuple(dict.fromkeys(value))
 
 
 def parse_request_compact(method: str, payload: bytes, max_bytes: int) -> Request:

@@ -71,6 +71,7 @@ class MonitorRegistry:
         # The last saved (seq, meets, workloads' answers) of each monitor whose newer answer is not saved yet:
         # what it retains and lists until it is (seq never goes back for anyone, a restart included).
         self._unsaved: dict[str, tuple[int, bool, list[bool] | None]] = {}
+        self._expires: dict[str, float] = {}  # a leased monitor -> when it is deleted unless renewed (monotonic)
         self.storage_error: str | None = None  # why the last save failed; None while saving works
         self.on_storage: Callable[[str | None], None] = lambda why: None  # told when that changes
         self.on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing  # told the running pids on a change
@@ -110,11 +111,14 @@ class MonitorRegistry:
 
     def _add(self, m: StoredMonitor) -> None:
         self.records[m.monitor] = m
+        if m.lease_s is not None:  # a full lease from its creation, or from the agent's start
+            self._expires[m.monitor] = time.monotonic() + m.lease_s
         self.table.add(m.monitor, [w.member() for w in m.workloads], m.meets, m.seq, m.member_meets)
 
     def _forget(self, monitor: str) -> None:
         self.records.pop(monitor, None)
         self._unsaved.pop(monitor, None)
+        self._expires.pop(monitor, None)
         self.learnt.pop(monitor, None)
         self._warm_dirty.discard(monitor)
         if monitor in self.table:
@@ -192,7 +196,7 @@ class MonitorRegistry:
 
     async def create(self, monitor: str, workloads: Sequence[tuple[str, Requirement, Analysis]], speed: Speed,
                      veto: bool, owner: str = "", shown: Callable[[float], float] = float,
-                     ) -> tuple[bool, dict[str, bool] | None, bool]:
+                     lease_s: float | None = None) -> tuple[bool, dict[str, bool] | None, bool]:
         """Create (or replace) the owner's monitor priced at `speed`: its first value, its workloads' (a group's),
         and whether it replaced one. `shown` is the latency as the owner is answered about it
         (monitors/privacy.py): its ratio to the latency now is kept with each workload, so that the monitor's
@@ -209,7 +213,7 @@ class MonitorRegistry:
                 latencies.append(latency)
             meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
             rec = StoredMonitor(monitor, stored, self.table.next_seq(), meets, member_meets=list(member_meets),
-                                owner=owner)
+                                owner=owner, lease_s=lease_s)
             previous = self.records.get(monitor)
             previous_learnt = self.learnt.get(monitor)
             try:
@@ -260,6 +264,37 @@ class MonitorRegistry:
             self._held = [m for m in self._held if m.topic not in mine]
             await self._commit()
             self._send(self.topics.cleared_state(monitor, rec.owner))
+
+    def renew(self, monitors: Sequence[str], owner: str, now: float) -> tuple[list[str], list[str]]:
+        """The owner's leased monitors among `monitors` live `lease_s` from `now` (monotonic) again: (renewed,
+        unknown). A monitor without a lease needs none: it counts as renewed."""
+        renewed, unknown = [], []
+        for monitor in monitors:
+            rec = self.records.get(monitor)
+            if rec is None or rec.owner != owner:
+                unknown.append(monitor)
+                continue
+            if rec.lease_s is not None:
+                self._expires[monitor] = now + rec.lease_s
+            renewed.append(monitor)
+        return renewed, unknown
+
+    async def expire(self, now: float) -> list[str]:
+        """Delete the leased monitors nobody renewed in time (their clients have gone); the ones deleted."""
+        gone = [m for m, at in self._expires.items() if at <= now]
+        deleted = []
+        for monitor in gone:
+            rec = self.records.get(monitor)
+            if rec is None or self._expires.get(monitor, math.inf) > now:
+                continue
+            try:
+                await self.delete(monitor, rec.owner)
+            except BadInput as exc:  # a storage fault: tried again on the next sample
+                log.warning("monitor %s: its lease ran out, but %s", monitor, exc)
+                continue
+            log.info("monitor %s deleted: its lease of %g s ran out unrenewed", monitor, rec.lease_s)
+            deleted.append(monitor)
+        return deleted
 
     async def set_running(self, monitor: str, running: Running, owner: str | None = None) -> None:
         """The app runs the monitor's workloads here now, or no longer (kept on disk: it survives a restart)."""

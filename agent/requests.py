@@ -246,6 +246,9 @@ class RequestHandler:
             return {}
         if method == "monitors/list":
             return {"monitors": self.registry.listing(owner)}
+        if method == "monitors/renew":
+            renewed, unknown = self.registry.renew(request.monitors, owner, time.monotonic())
+            return {"renewed": renewed, "unknown": unknown}
         if method == "monitors/running":
             assert request.monitor is not None and request.running is not None
             await self.registry.set_running(request.monitor, request.running, owner)
@@ -295,7 +298,7 @@ class RequestHandler:
             workloads.append((w.name, w.requirement, a))
         speed, warp = self._priced(owner)
         meets, answers, replaced = await self.registry.create(monitor, workloads, speed, self._veto() is not None,
-                                                              owner, warp.shown_ms)
+                                                              owner, warp.shown_ms, request.lease_s)
         log.info("monitor %s created (%s)%s", monitor,
                  ", ".join(f"{w.name + ': ' if w.name else ''}{w.requirement.describe()}" for w in request.workloads
                            if w.requirement is not None),

@@ -281,6 +281,7 @@ class Agent:
             if self.metrics is not None:
                 self.metrics.sampled(state, speed.cpu)
             await self.registry.end_gone_runs()
+            await self.registry.expire(time.monotonic())
             sampler.track(self.registry.running_pids())
             self.speeds = self.registry.speeds(self.speed)
             if self.speed.start_refresh(started, own_work or self.pool.busy):

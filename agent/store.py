@@ -135,6 +135,7 @@ class StoredMonitor:
     member_meets: list[bool] | None = None  # a group's workloads' answers (None: each as `meets`)
     created_seq: int = -1  # the seq it was created with (set by MonitorStore.load; not stored)
     owner: str = ""  # the client that created it ("": the shared, anonymous one; docs/mqtt.md "Owners")
+    lease_s: float | None = None  # deleted once this long passes without a renewal (None: lives until deleted)
 
     @property
     def group(self) -> bool:
@@ -143,7 +144,8 @@ class StoredMonitor:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "monitor": self.monitor, "workloads": [w.to_json() for w in self.workloads],
                 "seq": self.seq, "meets": self.meets,
-                "running": None if self.running is None else self.running.to_json(), "owner": self.owner}
+                "running": None if self.running is None else self.running.to_json(), "owner": self.owner,
+                "leaseS": self.lease_s}
 
     @classmethod
     def from_json(cls, data: Any) -> StoredMonitor:
@@ -162,7 +164,11 @@ class StoredMonitor:
                 raise ValueError("a monitor has workloads")
             workloads = [StoredWorkload.from_json(w) for w in data["workloads"]]
             running = Running.from_json(data.get("running"))
-        m = cls(data["monitor"], workloads, data["seq"], data["meets"], running, owner=data.get("owner", ""))
+        lease = data.get("leaseS")
+        if lease is not None and not (isinstance(lease, (int, float)) and 0 < lease < 1e9):
+            raise ValueError(f"bad lease {lease!r}")
+        m = cls(data["monitor"], workloads, data["seq"], data["meets"], running, owner=data.get("owner", ""),
+                lease_s=None if lease is None else float(lease))
         if not (isinstance(m.monitor, str) and MONITOR_ID_RE.fullmatch(m.monitor)):
             raise ValueError(f"bad monitor id {m.monitor!r}")
         if not (m.owner == "" or isinstance(m.owner, str) and MONITOR_ID_RE.fullmatch(m.owner)):

@@ -7,12 +7,14 @@ connection; a stored monitor such a topic would come from is set aside at start.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ from agent.registry import MonitorRegistry
 from agent.simulation.trees import laptop
 from agent.store import MonitorStore, atomic_write
 from agent.topics import Outgoing, Topics, topic_fault
+from daop_client import DaopClient
 from daop_client.address import check_device_id
 from monitors.errors import BadInput
 from monitors.pricing.tiers import bound_ms
@@ -225,6 +228,7 @@ async def test_on_reconnect_the_newest_state_is_the_retained_one(mosquitto):
                                                          (topics.monitor_events("m"), b'{"seq": 5}')]
 
 
+SMALL_MODEL = base64.b64decode(SMALL)
 HUGE = 10 ** 400  # a 401-digit integer: valid JSON, too large for any float
 
 
@@ -483,3 +487,69 @@ def test_the_shipped_unit_lets_the_agent_see_the_processes_of_the_apps_that_decl
     unit = (REPO / "systemd" / "daop-agent.service").read_text()
     settings = [line.split("=", 1)[1].strip() for line in unit.splitlines() if line.startswith("ProtectProc=")]
     assert settings == ["default"]
+
+
+# -- monitors that end with their clients -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lease", [5, 1e400, HUGE, "60", True, 8 * 86400])
+def test_a_lease_out_of_range_is_refused(lease):
+    body = json.dumps({"onnx": SMALL, "requiredTier": "poor", "leaseS": lease}).encode() if lease != 1e400 else \
+        b'{"onnx": "' + SMALL.encode() + b'", "requiredTier": "poor", "leaseS": 1e400}'
+    with pytest.raises(BadInput) as refused:
+        parse_request("monitors/create", body, 1 << 20)
+    assert refused.value.code == "bad_lease"
+
+
+@pytest.mark.parametrize("monitors", [[], "m", ["m\n"], [1], ["m"] * 1001])
+def test_a_renew_of_anything_but_monitor_ids_is_refused(monitors):
+    with pytest.raises(BadInput):
+        parse_request("monitors/renew", json.dumps({"monitors": monitors}).encode(), 1 << 20)
+
+
+def test_a_leased_monitor_is_deleted_once_its_lease_passes_unrenewed(tmp_path: Path):
+    sent: list = []
+
+    async def scenario() -> None:
+        reg = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
+        reg.load()
+        good = Requirement.parse({"requiredTier": "good"})
+        analysis = Analysis({"cpu": "{}"}, {"cpu": 5.0}, 0)
+        start = time.monotonic()
+        await reg.create("leased", [("", good, analysis)], Speed(), False, owner="app", lease_s=10.0)
+        await reg.create("kept", [("", good, analysis)], Speed(), False, owner="app")
+        assert await reg.expire(start + 5) == []
+        assert reg.renew(["leased", "kept", "nobody"], "other", start + 5) == ([], ["leased", "kept", "nobody"])
+        assert reg.renew(["leased", "kept", "nobody"], "app", start + 5) == (["leased", "kept"], ["nobody"])
+        assert await reg.expire(start + 14) == []  # renewed at +5: lives to +15
+        sent.clear()
+        assert await reg.expire(start + 16) == ["leased"]
+        assert sorted(reg.records) == ["kept"] and not (tmp_path / "monitors" / "leased.json").exists()
+        assert [(m.topic, m.payload) for m in sent] == [("daop/d/client/app/monitors/leased/state", b"")]
+        assert await reg.expire(start + 1e6) == []  # no lease: lives until deleted
+        reloaded = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: None)
+        reloaded.load()
+        assert reloaded.records["kept"].lease_s is None
+
+    asyncio.run(scenario())
+
+
+async def test_monitors_of_a_python_client_that_stopped_are_deleted_after_their_lease(state_dir, mosquitto):
+    """The README's example with Ctrl-C: the client goes without deleting; its monitor goes a lease later. A
+    client that runs keeps renewing its own past two leases; one without a lease keeps its monitor."""
+    agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV).start()
+    try:
+        agent.wait_log("connected to")
+        async with DaopClient(mosquitto.url, DEV, lease_s=10, owner="running") as running, \
+                DaopClient(mosquitto.url, DEV, lease_s=None, owner="backend") as backend:
+            await running.create_monitor(SMALL_MODEL, "poor", "alive")
+            await backend.create_monitor(SMALL_MODEL, "poor", "kept")
+            async with DaopClient(mosquitto.url, DEV, lease_s=10, owner="gone") as gone:
+                await gone.create_monitor(SMALL_MODEL, "poor", "orphan")
+            await asyncio.to_thread(agent.wait_log, "monitor orphan deleted: its lease of 10 s ran out unrenewed", 30)
+            await asyncio.sleep(12.0)  # a further lease: the running client's monitor is renewed
+            assert [m["monitor"] for m in await running.list_monitors()] == ["alive"]
+            assert [m["monitor"] for m in await backend.list_monitors()] == ["kept"]
+        assert "monitor alive deleted" not in agent.log
+    finally:
+        agent.stop()

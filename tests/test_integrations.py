@@ -236,6 +236,8 @@ async def test_every_message_the_agent_sends_matches_the_asyncapi_document(state
         ("monitors/running", {"monitor": "group", "running": True, "rateHz": 2, "pid": agent.proc.pid}),
         ("monitors/report", {"monitor": "group", "workload": "a", "latenciesMs": [1.5, 2.0]}),
         ("monitors/list", {}),
+        ("monitors/create", {**one, "requiredTier": "poor", "monitor": "leased", "leaseS": 60}),
+        ("monitors/renew", {"monitors": ["leased", "nobody"]}),
         ("meets", {**one, "requiredTier": "great"}),  # an error answer
     ]
     try:

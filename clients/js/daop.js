@@ -115,6 +115,7 @@ export class DaopContext extends EventTarget {
   #monitors = new Map(); // id -> QoSMonitor
   #timeoutMs;
   #onPageHide;
+  #leaseTimer = renewLeases(this, () => [...this.#monitors.keys()]);
 
   constructor(client, deviceId, clientId, timeoutMs, owner) {
     super();
@@ -238,7 +239,7 @@ export class DaopContext extends EventTarget {
    * @returns {Promise<QoSMonitor>}
    */
   async createQoSMonitor(graph, tier, { inputs, monitor: id = randomHex(8) } = {}) {
-    const body = { ...modelFields(graph), ...inputFields(inputs), requiredTier: tier, monitor: id };
+    const body = { ...modelFields(graph), ...inputFields(inputs), requiredTier: tier, monitor: id, leaseS: LEASE_S };
     if (this.#monitors.has(id)) throw new DaopError('bad_monitor_id', `monitor ${id} is already open here`);
     const monitor = new QoSMonitor(this, id, tier);
     this.#monitors.set(id, monitor);
@@ -262,6 +263,7 @@ export class DaopContext extends EventTarget {
   /** Delete this context's monitors on the agent, then disconnect. */
   async close() {
     globalThis.removeEventListener?.('pagehide', this.#onPageHide);
+    clearInterval(this.#leaseTimer);
     await Promise.allSettled([...this.#monitors.values()].map((m) => m.close()));
     for (const correlation of [...this.#pending.keys()]) {
       this.#settle(correlation, null, new DaopError('closed', 'the connection was closed'));
@@ -320,4 +322,17 @@ export class QoSMonitor extends EventTarget {
       if (err.code !== 'unknown_monitor') throw err; // already gone is what close() wants
     }
   }
+}
+
+/** A monitor lives while its page runs: created with this lease, renewed every third of it (docs/mqtt.md "Leases"). */
+const LEASE_S = 60;
+
+/** Renew the context's monitors (`ids()`) every third of their lease; the timer, for clearInterval on close. */
+function renewLeases(context, ids) {
+  const timer = setInterval(() => {
+    const monitors = ids();
+    if (monitors.length) context._request('monitors/renew', { monitors }).catch(() => {}); // next third: again
+  }, (LEASE_S * 1000) / 3);
+  timer.unref?.(); // (Node) a context left open does not hold the process
+  return timer;
 }
