@@ -233,6 +233,7 @@ class MqttLink:
                 self._on_request(topic[len(prefix):], message)
             elif self._on_message is not None:
                 self._on_message(message)
+            del message  # not held while the next one is awaited (a large request's payload with it)
 
 
 def publishable(messages: Sequence[Outgoing]) -> list[Outgoing]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from agent_harness import AgentProcess, client, next_message, request_v5
+from broker import Mosquitto
 from prometheus_client import generate_latest
 from test_agent_contract import SMALL
 
@@ -33,6 +34,7 @@ from agent.registry import MonitorRegistry
 from agent.simulation.trees import laptop
 from agent.store import MonitorStore, atomic_write
 from agent.topics import Outgoing, Topics, topic_fault
+from bench import attacks
 from daop_client import DaopClient
 from daop_client.address import check_device_id
 from monitors.errors import BadInput
@@ -553,3 +555,27 @@ async def test_monitors_of_a_python_client_that_stopped_are_deleted_after_their_
         assert "monitor alive deleted" not in agent.log
     finally:
         agent.stop()
+
+
+def test_large_graphs_leave_a_fresh_agent_process_near_where_it_started(calibrated_dir, tmp_path):
+    """Two rounds of four 15 MB graphs at once (bench/attacks.py): the agent process's own RSS at rest comes back
+    within attacks.REST_GROWTH_BOUND (before issue #27: 400 MB more after one round)."""
+    state = tmp_path / "state"
+    shutil.copytree(calibrated_dir, state)
+    config = tmp_path / "agent.toml"
+    config.write_text(attacks.CONFIG)
+    broker = Mosquitto(tmp_path / "broker", max_packet_size=attacks.BROKER_MAX_PACKET).start()
+    agent = AgentProcess(state, broker.url, device_id=attacks.DEV, config=config, sample_interval=0.5).start()
+    try:
+        assert agent.proc is not None
+        time.sleep(2.0)
+        before = attacks.own_rss(agent.proc.pid)
+        asyncio.run(attacks.rounds_of_large_graphs(broker.port, 2))
+        time.sleep(2.0)
+        after = attacks.own_rss(agent.proc.pid)
+        print(f"\n  agent alone at rest: {before >> 20} MB before, {after >> 20} MB after two rounds", end="")
+        assert after - before < attacks.REST_GROWTH_BOUND, (before >> 20, after >> 20)
+        assert asyncio.run(attacks.good_request_s(broker.port)) < 60
+    finally:
+        agent.stop()
+        broker.stop()
