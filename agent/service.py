@@ -45,7 +45,7 @@ log = logging.getLogger("daop-agent")
 
 MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
-STARTUP_HOLD_MAX_S = 60.0  # stored monitors keep their answers at most this long after a start without a full reading
+STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 
 
 class Agent:
@@ -286,8 +286,8 @@ class Agent:
             self.speeds = self.registry.speeds(self.speed)
             if self.speed.start_refresh(started, own_work or self.pool.busy):
                 self._refresh_due.set()
-            self._release_hold(started)
             self._veto = self.policy.veto(power_facts(state))
+            self._release_hold(started)
             if self._veto != veto_logged:
                 log.info("policy: %s", f"nothing runs locally ({self._veto})" if self._veto else "lifted")
                 veto_logged = self._veto
@@ -299,11 +299,13 @@ class Agent:
 
     def _release_hold(self, now: float) -> None:
         """The stored monitors follow the present speed again once it has a full reading (or after
-        STARTUP_HOLD_MAX_S without one, or when the estimator cannot start)."""
+        STARTUP_HOLD_MAX_S without one, or when the estimator cannot start). A policy veto (a power-saver
+        profile, a low battery) is a reading of the device's own state, not a partial one: it releases them."""
         if not self._holding:
             return
         full = self._refresh_on is not None and self.speed.full_reading(self._refresh_on)
-        if full or self.engine_error is not None or now - self._started_at >= STARTUP_HOLD_MAX_S:
+        if full or self._veto is not None or self.engine_error is not None or \
+                now - self._started_at >= STARTUP_HOLD_MAX_S:
             self._holding = False
             self.registry.table.release()
             log.info("monitors follow the present speed (%s)", "a full reading" if full else "no full reading")
