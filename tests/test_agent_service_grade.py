@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from test_agent_contract import SMALL
 
 from agent.analysis import Analysis
-from agent.config import Broker, MetricsSettings
+from agent.config import Broker, MetricsSettings, load_config
 from agent.metrics import Metrics
 from agent.mqtt_link import MqttLink
 from agent.notify import Notifier
@@ -579,3 +579,13 @@ def test_large_graphs_leave_a_fresh_agent_process_near_where_it_started(calibrat
     finally:
         agent.stop()
         broker.stop()
+
+
+def test_the_per_owner_share_is_configured_and_checked(tmp_path: Path):
+    path = tmp_path / "agent.toml"
+    path.write_text("[limits]\nmax_monitors_per_owner = 7\n")
+    assert load_config(path).limits.max_monitors_per_owner == 7
+    path.write_text("[limits]\nmax_monitors_per_owner = 0\n")
+    with pytest.raises(BadInput, match="max_monitors_per_owner"):
+        load_config(path)
+    assert load_config(None).limits.max_monitors_per_owner == 100
