@@ -248,6 +248,7 @@ class RequestHandler:
             return {"monitors": self.registry.listing(owner)}
         if method == "monitors/renew":
             renewed, unknown = self.registry.renew(request.monitors, owner, time.monotonic())
+            log.debug("lease renewed: %d monitor(s); %d unknown", len(renewed), len(unknown))
             return {"renewed": renewed, "unknown": unknown}
         if method == "monitors/running":
             assert request.monitor is not None and request.running is not None

@@ -22,6 +22,7 @@ from agent_harness import AgentProcess, client, next_message, request_v5
 from broker import Mosquitto
 from prometheus_client import generate_latest
 from test_agent_contract import SMALL
+from test_web_client import monitors_on, page_with_client, web_agent  # noqa: F401 - web_agent: a fixture
 
 from agent.analysis import Analysis
 from agent.config import Broker, MetricsSettings, load_config
@@ -589,3 +590,20 @@ def test_the_per_owner_share_is_configured_and_checked(tmp_path: Path):
     with pytest.raises(BadInput, match="max_monitors_per_owner"):
         load_config(path)
     assert load_config(None).limits.max_monitors_per_owner == 100
+
+
+def test_a_web_pages_monitor_has_a_lease_that_the_page_renews(browser, client_site, web_agent):  # noqa: F811
+    """The web demo's monitors end with their page, closed or crashed (clients/js/daop.js: LEASE_S, renewed
+    every third of it): the monitor is stored with its lease, and a renew from the page reaches the agent."""
+    page_with_client(browser, client_site, web_agent)
+    webnn = (REPO / "examples" / "blur_segmenter.webnn").read_text()
+    browser.evaluate(f"""(async () => {{
+        window.context = await connect(creds);
+        await context.createQoSMonitor({json.dumps(webnn)}, 'poor',
+                                       {{inputs: {{image: [1, 288, 512, 3]}}, monitor: 'leased-page'}});
+    }})()""")
+    stored = json.loads((web_agent.state_dir / "monitors" / "leased-page.json").read_text())
+    assert stored["leaseS"] == 60
+    web_agent.wait_log("lease renewed: 1 monitor(s); 0 unknown", timeout=40)  # every 20 s while the page runs
+    assert monitors_on(web_agent) == ["leased-page"]
+    browser.evaluate("context.close()")
