@@ -88,9 +88,9 @@ class RequestHandler:
 
     def receive(self, method: str, message: aiomqtt.Message, owner: str = "") -> None:
         """A request from the broker (on the event loop), from `owner`: handled in a task of its own. A retained
-        request is dropped (it would run again after every reconnect); one over `max_request_bytes`, or beyond
-        what the agent holds at once (`max_pending_bytes`, MAX_PENDING_REQUESTS), is answered at once and not
-        kept."""
+        request is dropped (it would run again after every reconnect); one over `max_request_bytes`, from an owner
+        whose budget is spent, or beyond what the agent holds at once (`max_pending_bytes`,
+        MAX_PENDING_REQUESTS), is answered at once and not kept: nothing of its payload is read."""
         payload = message.payload if isinstance(message.payload, bytes) else str(message.payload).encode()
         route = _route(message)
         if message.retain:
