@@ -2,9 +2,10 @@
 
 A request answered with a tier or a boolean (estimate, meets, monitors/create) takes a token from its
 owner's bucket; an empty bucket gets the error answer `rate_limited` with the seconds until the next token,
-and nothing of the request is read or priced (the bucket is checked before its payload is parsed). The buckets are the agent's only per-client state: at most
-`max_clients` of them, the longest unseen forgotten first (a forgotten client starts full again, as a new
-one does), so memory stays bounded whatever names clients use.
+and nothing of the request is read or priced (the bucket is checked before its payload is parsed). The
+buckets are the agent's only per-client state: at most `max_clients` of them, the longest unseen forgotten
+first (a forgotten client starts full again, as a new one does), so memory stays bounded whatever names
+clients use.
 """
 
 from __future__ import annotations
