@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.progress import LogProgress
+from agent.protocol import graph_in_request
 from monitors.errors import BadInput, LimitExceeded
 from monitors.graphs.graph import InputSpec
 from monitors.graphs.limits import Limits
@@ -124,6 +125,8 @@ def _analyse_unbounded(fmt: str, source: Any, inputs: dict[str, InputSpec], limi
                        generation: GenerationSpec | None = None) -> Analysis:
     from monitors.graphs.importer import load_graph  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
 
+    if fmt == "json-request":  # a large request's graph, read from its payload here (agent/protocol.py)
+        fmt, source = "json", graph_in_request(source)
     if generation is not None:
         return _analyse_generation(fmt, source, limits, generation)
     graph = load_graph(source, fmt=fmt, inputs=inputs or None, limits=limits)

@@ -44,7 +44,8 @@ class Metrics:
         Gauge("daop_calibrating", "1 while a calibration runs", registry=r).set_function(lambda: float(calibrating()))
         age = Gauge("daop_calibration_age_seconds", "Age of each device's calibration (NaN: none)", ["device"],
                     registry=r)
-        for device in DEVICES:
+        # Whether a GPU was calibrated tells that the device has one: the CPU's alone unless device_state is on.
+        for device in DEVICES if settings.device_state else ("cpu",):
             age.labels(device).set_function(functools.partial(_age_s, calibration_file, device))
         self.requests = Counter("daop_requests", "Requests answered, by method and outcome (ok, or the error code)",
                                 ["method", "outcome"], registry=r)

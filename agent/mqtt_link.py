@@ -27,7 +27,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.config import Broker
 from agent.notify import Notifier
-from agent.topics import OFFLINE, ONLINE, Outgoing, Topics
+from agent.topics import OFFLINE, ONLINE, Outgoing, Topics, topic_fault
 
 log = logging.getLogger("daop-agent")
 
@@ -88,8 +88,10 @@ class MqttLink:
                 self.send(Outgoing(self.topics.status, payload, retain=True))
 
     def send(self, *messages: Outgoing) -> None:
-        """Queue messages for the broker, in order; kept while it is away (up to MAX_OUTBOX)."""
-        self._outbox.extend(messages)
+        """Queue messages for the broker, in order; kept while it is away (up to MAX_OUTBOX). A message the broker
+        would refuse (topics.topic_fault) is dropped here, logged: it costs that one message, never the
+        connection."""
+        self._outbox.extend(publishable(messages))
         while len(self._outbox) > MAX_OUTBOX:
             dropped = self._outbox.popleft()
             log.warning("broker away too long: dropped a queued message for %s", dropped.topic)
@@ -102,6 +104,10 @@ class MqttLink:
             props = Properties(PacketTypes.PUBLISH)
             props.CorrelationData = correlation
         client = self._client
+        why = topic_fault(topic)
+        if why is not None:
+            log.warning("answer not sent: the broker would refuse topic %r (%s)", topic, why)
+            return
         if client is None:
             log.info("broker away: answer on %s dropped", topic)
             return
@@ -182,7 +188,11 @@ class MqttLink:
                 await client.subscribe(topic, options=SubscribeOptions(qos=1, retainAsPublished=True))
             else:
                 await client.subscribe(topic, qos=1)
-        states = self._retained()
+        states = publishable(self._retained())
+        # The queue's retained states for these topics are older than these (queued while the broker was away):
+        # dropped, so that a retained state never goes back (10 -> 5 -> 10). Its events stay, in order.
+        fresh = {s.topic for s in states}
+        self._outbox = collections.deque(m for m in self._outbox if not (m.retain and m.topic in fresh))
         for start in range(0, len(states), PUBLISH_BATCH):
             await asyncio.gather(*(client.publish(s.topic, s.payload, qos=1, retain=True)
                                    for s in states[start:start + PUBLISH_BATCH]))
@@ -223,6 +233,19 @@ class MqttLink:
                 self._on_request(topic[len(prefix):], message)
             elif self._on_message is not None:
                 self._on_message(message)
+            del message  # not held while the next one is awaited (a large request's payload with it)
+
+
+def publishable(messages: Sequence[Outgoing]) -> list[Outgoing]:
+    """The messages whose topic the broker accepts; each other one logged and dropped."""
+    out = []
+    for m in messages:
+        why = topic_fault(m.topic)
+        if why is None:
+            out.append(m)
+        else:
+            log.warning("not published: the broker would refuse topic %r (%s)", m.topic, why)
+    return out
 
 
 def _no_delay(client: aiomqtt.Client) -> None:

@@ -19,22 +19,28 @@ from monitors.errors import BadInput
 from monitors.graphs.graph import DTYPE_CODES, InputSpec
 from monitors.placement import ContextHints
 from monitors.pricing.generation import GenerationSpec
-from monitors.requirements import Requirement
+from monitors.requirements import Requirement, finite_number
 from monitors.warm import MAX_LATENCIES
 
 METHODS = ("estimate", "meets", "monitors/create", "monitors/delete", "monitors/list", "monitors/running",
-           "monitors/report")
+           "monitors/report", "monitors/renew")
 MODEL_FIELDS = {"onnx": "onnx", "webnn": "webnn", "graph": "json"}  # request field -> importer format
 MAX_TRANSACTION_CHARS = 256
 MAX_INPUTS = 1024
 MAX_WORKLOADS = 16  # in one group
 MAX_PID = 1 << 22  # the kernel's pid_max ceiling
+MIN_LEASE_S, MAX_LEASE_S = 10, 7 * 86400  # a monitor's lease (docs/mqtt.md "Leases")
+MAX_RENEW = 1000  # monitors renewed by one request
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    fmt: str  # 'onnx' (bytes), 'webnn' (text) or 'json' (a dict)
-    source: bytes | str | dict[str, Any]
+    """`fmt` 'onnx' (bytes), 'webnn' (text), 'json' (a dict), or 'json-request': a webnn-graph-json model left
+    in the request's payload, `(payload, index)` (index: which of `workloads`, None for the request's own
+    `graph`), read again where it is priced (graph_in_request) rather than carried as objects or re-serialised."""
+
+    fmt: str
+    source: Any
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class Request:
     latencies_ms: tuple[float, ...] = ()  # a report's
     workload: str | None = None  # which of a group's workloads a report is for
     context: ContextHints | None = None  # WebNN's context options: where to run it
+    lease_s: float | None = None  # a create's lease: deleted once this long passes unrenewed (None: no lease)
+    monitors: tuple[str, ...] = ()  # the monitors a renew is for
 
     @property
     def group(self) -> bool:
@@ -116,7 +124,7 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
         monitor = doc.get("monitor")
         if monitor is None and method != "monitors/create":
             raise BadInput("monitor is missing", "bad_monitor_id")
-        if monitor is not None and not (isinstance(monitor, str) and MONITOR_ID_RE.match(monitor)):
+        if monitor is not None and not (isinstance(monitor, str) and MONITOR_ID_RE.fullmatch(monitor)):
             raise BadInput(f"monitor id must be 1 to 64 of A-Z a-z 0-9 _ -, not {_short(monitor)}", "bad_monitor_id")
     running = _running(doc) if method == "monitors/running" else None
     latencies: tuple[float, ...] = ()
@@ -124,24 +132,62 @@ def parse_request(method: str, payload: bytes, max_bytes: int) -> Request:
     if method == "monitors/report":
         latencies = _latencies(doc.get("latenciesMs"))
         workload = doc.get("workload")
-        if workload is not None and not (isinstance(workload, str) and MONITOR_ID_RE.match(workload)):
+        if workload is not None and not (isinstance(workload, str) and MONITOR_ID_RE.fullmatch(workload)):
             raise BadInput(f"workload must name one of the monitor's workloads, not {_short(workload)}",
                            "bad_workload")
-    return Request(method, transaction, workloads, monitor, running, latencies, workload, context)
+    lease = _lease(doc.get("leaseS")) if method == "monitors/create" else None
+    renewed = _renewed(doc.get("monitors")) if method == "monitors/renew" else ()
+    return Request(method, transaction, workloads, monitor, running, latencies, workload, context, lease, renewed)
+
+
+def _lease(value: Any) -> float | None:
+    if value is None:
+        return None
+    if not finite_number(value) or not MIN_LEASE_S <= value <= MAX_LEASE_S:
+        raise BadInput(f"leaseS must be the seconds a monitor lives unrenewed, {MIN_LEASE_S} to {MAX_LEASE_S}, "
+                       f"not {_short(value)}", "bad_lease")
+    return float(value)
+
+
+def _renewed(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_RENEW or not all(
+            isinstance(m, str) and MONITOR_ID_RE.fullmatch(m) for m in value):
+        raise BadInput(f"monitors must be a list of 1 to {MAX_RENEW} monitor ids", "bad_monitor_id")
+    return tuple(dict.fromkeys(value))
 
 
 def parse_request_compact(method: str, payload: bytes, max_bytes: int) -> Request:
     """`parse_request` for a helper process (a large payload is parsed off the agent's event loop): what comes
-    back to the agent is compact to pickle, a webnn-graph-json model as its JSON bytes, not as objects; and a
-    payload whose parse needs more than the process's memory ceiling is refused."""
+    back to the agent is only what it needs. A webnn-graph-json model comes back as where it lies in the
+    payload the agent already holds (`json-request`, its payload filled in by `with_payload`), never as
+    objects nor re-serialised (a `1e15` written back is `1000000000000000.0`: the agent would hold several
+    times the request). A payload whose parse needs more than the process's memory ceiling is refused."""
     try:
         request = parse_request(method, payload, max_bytes)
     except MemoryError:
         raise BadInput("the request needs more memory to read than the agent allows (limits.worker_memory_mb)",
                        "too_large") from None
-    workloads = tuple(dataclasses.replace(w, model=ModelSource("json", json.dumps(w.model.source).encode()))
-                      if w.model.fmt == "json" else w for w in request.workloads)
+    grouped = request.method in ("meets", "monitors/create") and any(w.name for w in request.workloads)
+    workloads = tuple(dataclasses.replace(w, model=ModelSource("json-request", (None, i if grouped else None)))
+                      if w.model.fmt == "json" else w for i, w in enumerate(request.workloads))
     return dataclasses.replace(request, workloads=workloads)
+
+
+def with_payload(request: Request, payload: bytes) -> Request:
+    """A compact request's `json-request` models pointed at its payload (the bytes the agent holds already)."""
+    workloads = tuple(dataclasses.replace(w, model=ModelSource("json-request", (payload, w.model.source[1])))
+                      if w.model.fmt == "json-request" else w for w in request.workloads)
+    return dataclasses.replace(request, workloads=workloads)
+
+
+def graph_in_request(source: tuple[bytes, int | None]) -> dict[str, Any]:
+    """The webnn-graph-json model a `json-request` source points at, read from its payload again (in a worker)."""
+    payload, index = source
+    doc = json.loads(payload)
+    graph = doc["graph"] if index is None else doc["workloads"][index]["graph"]
+    if not isinstance(graph, dict):
+        raise BadInput("graph must be a webnn-graph-json object", "bad_model")
+    return graph
 
 
 def _workloads(doc: dict[str, Any]) -> tuple[Workload, ...]:
@@ -161,7 +207,7 @@ def _workloads(doc: dict[str, Any]) -> tuple[Workload, ...]:
         if not isinstance(item, dict):
             raise BadInput(f"{where[:-1]} must be an object", "bad_workload")
         name = item.get("name")
-        if not (isinstance(name, str) and MONITOR_ID_RE.match(name)):
+        if not (isinstance(name, str) and MONITOR_ID_RE.fullmatch(name)):
             raise BadInput(f"{where}name must be 1 to 64 of A-Z a-z 0-9 _ -, not {_short(name)}", "bad_workload")
         if any(w.name == name for w in out):
             raise BadInput(f"{where}name {name!r} is used twice", "bad_workload")
@@ -216,8 +262,7 @@ def _running(doc: dict[str, Any]) -> Running:
     if not isinstance(running, bool):
         raise BadInput("running must be true or false", "bad_running")
     rate = doc.get("rateHz")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate)
-                             or not 0 < rate <= 10_000):
+    if rate is not None and (not finite_number(rate) or not 0 < rate <= 10_000):
         raise BadInput(f"rateHz must be a number of runs a second, above 0 and at most 10000, not {_short(rate)}",
                        "bad_running")
     pid = doc.get("pid")
@@ -228,7 +273,7 @@ def _running(doc: dict[str, Any]) -> Running:
 
 def _latencies(value: Any) -> tuple[float, ...]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_LATENCIES or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 3.6e6
+            finite_number(v) and 0 < v < 3.6e6
             for v in value):
         raise BadInput(f"latenciesMs must be a list of 1 to {MAX_LATENCIES} positive milliseconds (under an hour)",
                        "bad_report")

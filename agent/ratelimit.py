@@ -2,9 +2,10 @@
 
 A request answered with a tier or a boolean (estimate, meets, monitors/create) takes a token from its
 owner's bucket; an empty bucket gets the error answer `rate_limited` with the seconds until the next token,
-and nothing of the request is priced. The buckets are the agent's only per-client state: at most
-`max_clients` of them, the longest unseen forgotten first (a forgotten client starts full again, as a new
-one does), so memory stays bounded whatever names clients use.
+and nothing of the request is read or priced (the bucket is checked before its payload is parsed). The
+buckets are the agent's only per-client state: at most `max_clients` of them, the longest unseen forgotten
+first (a forgotten client starts full again, as a new one does), so memory stays bounded whatever names
+clients use.
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ class ClientBudgets:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+    def check(self, owner: str, now: float) -> None:
+        """Raises RateLimited when `owner`'s bucket is empty now, taking nothing: asked before a request's
+        payload is read, so that an over-budget client costs the agent no parsing."""
+        bucket = self._buckets.get(owner)
+        if bucket is None:
+            return
+        tokens = min(self.burst, bucket.tokens + max(0.0, now - bucket.at) * self.per_s)
+        if tokens < 1.0:
+            raise RateLimited(max(1, math.ceil((1.0 - tokens) / self.per_s)))
 
     def take(self, owner: str, now: float) -> None:
         """One request of `owner`'s at `now`; raises RateLimited when its bucket is empty."""

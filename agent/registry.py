@@ -18,10 +18,10 @@ owner's scope (agent/topics.py). To anyone else it is not there.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -35,6 +35,7 @@ from monitors.requirements import Requirement
 from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest, measured_share
 from monitors.table import MonitorRules, MonitorTable, initial_answer
 from monitors.warm import Learnt, reduce
+from probes.liveness import process_runs
 
 log = logging.getLogger("daop-agent")
 
@@ -50,12 +51,13 @@ async def _nothing(pids: frozenset[int]) -> None:
 
 class MonitorRegistry:
     def __init__(self, state_dir: Path, rules: MonitorRules, max_monitors: int, topics: Topics,
-                 send: Callable[..., None], procfs_root: str = "/proc") -> None:
+                 send: Callable[..., None], procfs_root: str = "/proc", max_per_owner: int | None = None) -> None:
         self.store = MonitorStore(state_dir)
         self.table = MonitorTable(rules)
         self.records: dict[str, StoredMonitor] = {}
         self.learnt: dict[str, list[Learnt]] = {}  # monitor -> one per workload
         self.max_monitors = max_monitors
+        self.max_per_owner = max_per_owner  # None: no share below max_monitors
         self.topics = topics
         self.procfs_root = procfs_root
         self._send = send
@@ -66,6 +68,10 @@ class MonitorRegistry:
         # Storage faults are a state, not a crash: what could not be saved is retried on every tick, and the
         # messages that wait on it (a change is on disk before its event goes out) are held, in order.
         self._held: list[Outgoing] = []
+        # The last saved (seq, meets, workloads' answers) of each monitor whose newer answer is not saved yet:
+        # what it retains and lists until it is (seq never goes back for anyone, a restart included).
+        self._unsaved: dict[str, tuple[int, bool, list[bool] | None]] = {}
+        self._expires: dict[str, float] = {}  # a leased monitor -> when it is deleted unless renewed (monotonic)
         self.storage_error: str | None = None  # why the last save failed; None while saving works
         self.on_storage: Callable[[str | None], None] = lambda why: None  # told when that changes
         self.on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing  # told the running pids on a change
@@ -82,13 +88,14 @@ class MonitorRegistry:
             self._add(m)
             self.learnt[m.monitor] = self._load_learnt(m)
         self.table.last_seq = max(self.table.last_seq, last_seq)
+        self.table.hold()  # they keep their stored answers until the agent's present speed has a full reading
         if monitors:
             log.info("loaded %d monitor(s) from %s", len(monitors), self.store.folder)
 
     def cleared_corrupt(self) -> list[Outgoing]:
         """Empty retained states for the monitors whose files were set aside at load: the broker forgets them
         (their apps see them gone, as after a delete) rather than keep a state no one updates."""
-        return [self.topics.cleared_state(m) for m in self.store.set_aside if m not in self.records]
+        return [self.topics.cleared_state(m, owner) for m, owner in self.store.set_aside if m not in self.records]
 
     def _load_learnt(self, m: StoredMonitor) -> list[Learnt]:
         path = self._warm_dir / f"{m.monitor}.json"
@@ -104,10 +111,14 @@ class MonitorRegistry:
 
     def _add(self, m: StoredMonitor) -> None:
         self.records[m.monitor] = m
+        if m.lease_s is not None:  # a full lease from its creation, or from the agent's start
+            self._expires[m.monitor] = time.monotonic() + m.lease_s
         self.table.add(m.monitor, [w.member() for w in m.workloads], m.meets, m.seq, m.member_meets)
 
     def _forget(self, monitor: str) -> None:
         self.records.pop(monitor, None)
+        self._unsaved.pop(monitor, None)
+        self._expires.pop(monitor, None)
         self.learnt.pop(monitor, None)
         self._warm_dirty.discard(monitor)
         if monitor in self.table:
@@ -122,9 +133,17 @@ class MonitorRegistry:
             w.name: (w.requirement.to_json(), ok) for w, ok in zip(rec.workloads, answers, strict=True)},
             owner=rec.owner)
 
+    def _saved(self, rec: StoredMonitor) -> StoredMonitor:
+        """The monitor as it was last saved: an answer the disk has not taken yet is neither retained nor listed."""
+        saved = self._unsaved.get(rec.monitor)
+        if saved is None:
+            return rec
+        seq, meets, member_meets = saved
+        return dataclasses.replace(rec, seq=seq, meets=meets, member_meets=member_meets)
+
     def retained(self) -> list[Outgoing]:
-        """Every monitor's retained state."""
-        return [self._state(rec) for rec in list(self.records.values())]
+        """Every monitor's retained state, as saved."""
+        return [self._state(self._saved(rec)) for rec in list(self.records.values())]
 
     def last_events(self) -> list[Outgoing]:
         """Each monitor's last change event again, same seq: at least once, even across a SIGKILL.
@@ -144,12 +163,21 @@ class MonitorRegistry:
 
     def listing(self, owner: str) -> list[dict[str, Any]]:
         """The owner's monitors, and no one else's."""
-        return [json.loads(self._state(r).payload) for r in sorted(self.records.values(), key=lambda r: r.monitor)
-                if r.owner == owner]
+        return [json.loads(self._state(self._saved(r)).payload)
+                for r in sorted(self.records.values(), key=lambda r: r.monitor) if r.owner == owner]
 
-    def check_room(self, monitor: str) -> None:
-        if monitor not in self.records and len(self.records) >= self.max_monitors:
+    def check_room(self, monitor: str, owner: str = "") -> None:
+        """Room for one more monitor: on the device (`max_monitors`) and in its owner's share
+        (`max_per_owner`), so that one app cannot take every monitor the device holds."""
+        if monitor in self.records:
+            return
+        if len(self.records) >= self.max_monitors:
             raise BadInput(f"this device already has {len(self.records)} monitors, the limit", "too_many_monitors")
+        if self.max_per_owner is not None:
+            mine = sum(1 for r in self.records.values() if r.owner == owner)
+            if mine >= self.max_per_owner:
+                raise BadInput(f"you already have {mine} monitors on this device, one client's limit",
+                               "too_many_monitors")
 
     def record(self, monitor: str, owner: str | None = None) -> StoredMonitor:
         """The monitor, as its owner asks for it (None: the agent's own look-up). Another owner's is not there."""
@@ -168,7 +196,7 @@ class MonitorRegistry:
 
     async def create(self, monitor: str, workloads: Sequence[tuple[str, Requirement, Analysis]], speed: Speed,
                      veto: bool, owner: str = "", shown: Callable[[float], float] = float,
-                     ) -> tuple[bool, dict[str, bool] | None, bool]:
+                     lease_s: float | None = None) -> tuple[bool, dict[str, bool] | None, bool]:
         """Create (or replace) the owner's monitor priced at `speed`: its first value, its workloads' (a group's),
         and whether it replaced one. `shown` is the latency as the owner is answered about it
         (monitors/privacy.py): its ratio to the latency now is kept with each workload, so that the monitor's
@@ -176,7 +204,7 @@ class MonitorRegistry:
         fault leaves things as they were and says so."""
         async with self._mutate:
             self.check_owner(monitor, owner)
-            self.check_room(monitor)
+            self.check_room(monitor, owner)
             stored, latencies = [], []
             for name, requirement, a in workloads:
                 latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb)
@@ -185,7 +213,7 @@ class MonitorRegistry:
                 latencies.append(latency)
             meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
             rec = StoredMonitor(monitor, stored, self.table.next_seq(), meets, member_meets=list(member_meets),
-                                owner=owner)
+                                owner=owner, lease_s=lease_s)
             previous = self.records.get(monitor)
             previous_learnt = self.learnt.get(monitor)
             try:
@@ -208,6 +236,7 @@ class MonitorRegistry:
                     pass  # the disk refuses everything: what is on it is what was there before
                 raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
             self._storage(None)
+            self._unsaved.clear()  # the seq file now holds every monitor's present answer
             try:
                 await asyncio.to_thread(self._delete_learnt, monitor)  # a new monitor learns afresh
             except OSError as exc:
@@ -235,6 +264,37 @@ class MonitorRegistry:
             self._held = [m for m in self._held if m.topic not in mine]
             await self._commit()
             self._send(self.topics.cleared_state(monitor, rec.owner))
+
+    def renew(self, monitors: Sequence[str], owner: str, now: float) -> tuple[list[str], list[str]]:
+        """The owner's leased monitors among `monitors` live `lease_s` from `now` (monotonic) again: (renewed,
+        unknown). A monitor without a lease needs none: it counts as renewed."""
+        renewed, unknown = [], []
+        for monitor in monitors:
+            rec = self.records.get(monitor)
+            if rec is None or rec.owner != owner:
+                unknown.append(monitor)
+                continue
+            if rec.lease_s is not None:
+                self._expires[monitor] = now + rec.lease_s
+            renewed.append(monitor)
+        return renewed, unknown
+
+    async def expire(self, now: float) -> list[str]:
+        """Delete the leased monitors nobody renewed in time (their clients have gone); the ones deleted."""
+        gone = [m for m, at in self._expires.items() if at <= now]
+        deleted = []
+        for monitor in gone:
+            rec = self.records.get(monitor)
+            if rec is None or self._expires.get(monitor, math.inf) > now:
+                continue
+            try:
+                await self.delete(monitor, rec.owner)
+            except BadInput as exc:  # a storage fault: tried again on the next sample
+                log.warning("monitor %s: its lease ran out, but %s", monitor, exc)
+                continue
+            log.info("monitor %s deleted: its lease of %g s ran out unrenewed", monitor, rec.lease_s)
+            deleted.append(monitor)
+        return deleted
 
     async def set_running(self, monitor: str, running: Running, owner: str | None = None) -> None:
         """The app runs the monitor's workloads here now, or no longer (kept on disk: it survives a restart)."""
@@ -326,8 +386,10 @@ class MonitorRegistry:
             self._learn(speeds, time.time())
             changes = self.table.evaluate(now, speeds, veto)
             if changes:
+                prior: dict[str, tuple[int, bool, list[bool] | None]] = {}
                 for c in changes:
                     rec = self.records[c.monitor]
+                    prior[c.monitor] = (rec.seq, rec.meets, rec.member_meets)
                     rec.seq, rec.meets = c.seq, c.meets
                     rec.member_meets = list(c.members) if c.members is not None else None
                 messages: list[Outgoing] = []
@@ -335,7 +397,9 @@ class MonitorRegistry:
                     rec = self.records[c.monitor]
                     messages += [self.topics.event_message(c.monitor, c.meets, c.seq, self._answers(rec), rec.owner),
                                  self._state(rec)]
-                await self._commit(*messages)
+                if not await self._commit(*messages):
+                    for monitor, saved in prior.items():
+                        self._unsaved.setdefault(monitor, saved)
                 log.debug("%d monitor(s) changed", len(changes))
             elif self.storage_error is not None:
                 await self._commit()  # retry what could not be saved
@@ -346,7 +410,7 @@ class MonitorRegistry:
         """An app that said it runs a monitor's workloads in a process that is gone no longer runs them."""
         for rec in list(self.records.values()):
             pid = rec.running.pid if rec.running else None
-            if pid and not os.path.exists(os.path.join(self.procfs_root, str(pid))):
+            if pid and not process_runs(pid, self.procfs_root):
                 log.info("monitor %s: its app's process %d is gone: no longer running here", rec.monitor, pid)
                 try:
                     await self.set_running(rec.monitor, Running(False))
@@ -379,10 +443,10 @@ class MonitorRegistry:
         members = {m: r.member_meets for m, r in self.records.items() if r.group and r.member_meets is not None}
         await asyncio.to_thread(self.store.save_seq, self.table.last_seq, self.table.snapshot(), members)
 
-    async def _commit(self, *messages: Outgoing) -> None:
+    async def _commit(self, *messages: Outgoing) -> bool:
         """The seq file saved, then `messages` (and any held before them) sent in order. When the disk refuses,
         they are held and the save is retried on the next tick: nothing is published that a restart would take
-        back (seq never goes back), and nothing is lost while the agent runs."""
+        back (seq never goes back), and nothing is lost while the agent runs. Whether it was saved."""
         self._held.extend(messages)
         if len(self._held) > MAX_HELD:
             del self._held[:len(self._held) - MAX_HELD]
@@ -391,9 +455,11 @@ class MonitorRegistry:
             await self._save_seq()
         except OSError as exc:
             self._storage(exc, "the monitors' seq")
-            return
+            return False
         self._storage(None)
+        self._unsaved.clear()
         self._release()
+        return True
 
     def _release(self, *messages: Outgoing) -> None:
         held, self._held = self._held, []

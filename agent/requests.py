@@ -23,9 +23,19 @@ from typing import Any
 
 import aiomqtt
 
+from agent import heap
 from agent.analysis import Analysis, AnalysisPool, EngineError
 from agent.config import Config
-from agent.protocol import METHODS, Request, error, ok, parse_request, parse_request_compact, transaction_of
+from agent.protocol import (
+    METHODS,
+    Request,
+    error,
+    ok,
+    parse_request,
+    parse_request_compact,
+    transaction_of,
+    with_payload,
+)
 from agent.ratelimit import PRICED_METHODS, ClientBudgets, RateLimited
 from agent.registry import MonitorRegistry
 from agent.topics import Topics
@@ -78,9 +88,9 @@ class RequestHandler:
 
     def receive(self, method: str, message: aiomqtt.Message, owner: str = "") -> None:
         """A request from the broker (on the event loop), from `owner`: handled in a task of its own. A retained
-        request is dropped (it would run again after every reconnect); one over `max_request_bytes`, or beyond
-        what the agent holds at once (`max_pending_bytes`, MAX_PENDING_REQUESTS), is answered at once and not
-        kept."""
+        request is dropped (it would run again after every reconnect); one over `max_request_bytes`, from an owner
+        whose budget is spent, or beyond what the agent holds at once (`max_pending_bytes`,
+        MAX_PENDING_REQUESTS), is answered at once and not kept: nothing of its payload is read."""
         payload = message.payload if isinstance(message.payload, bytes) else str(message.payload).encode()
         route = _route(message)
         if message.retain:
@@ -92,6 +102,13 @@ class RequestHandler:
             self._answer_now(method, route, "too_large", f"request is {size} bytes, more than the limit of "
                              f"{limits.max_request_bytes}", None, owner)
             return
+        if self.budgets is not None and method in PRICED_METHODS:
+            try:  # before anything of the payload is read: an over-budget client costs no parsing
+                self.budgets.check(owner, time.monotonic())
+            except RateLimited as exc:
+                transaction = transaction_of(payload) if size <= TRANSACTION_SCAN_BYTES else None
+                self._answer_now(method, route, exc.code, str(exc), transaction, owner, exc.retry_after_s)
+                return
         if len(self.tasks) >= MAX_PENDING_REQUESTS or self.pending_bytes + size > limits.max_pending_bytes:
             transaction = transaction_of(payload) if size <= TRANSACTION_SCAN_BYTES else None
             self._answer_now(method, route, "busy", "too many requests in hand; retry later", transaction, owner)
@@ -104,9 +121,10 @@ class RequestHandler:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _answer_now(self, method: str, route: Route, code: str, message: str, transaction: Any, owner: str) -> None:
+    def _answer_now(self, method: str, route: Route, code: str, message: str, transaction: Any, owner: str,
+                    retry_after_s: int | None = None) -> None:
         """An error answer without keeping the request (a task holds only the answer)."""
-        answer = error(code, message, transaction)
+        answer = error(code, message, transaction, retry_after_s)
         self._spawn(self._reply(method, route, answer, owner))
         self._observed(method, code, time.monotonic())
 
@@ -138,6 +156,8 @@ class RequestHandler:
                 self._observed(method, outcome, started)
         finally:
             self.pending_bytes -= size
+            if size > OFFLOOP_PARSE_BYTES:
+                heap.trim()  # what the large request took goes back (agent/heap.py)
 
     async def _parse(self, method: str, payload: bytes) -> Request:
         """A small request is read here; a large one in a worker (its JSON and base64 take the loop for long,
@@ -150,7 +170,7 @@ class RequestHandler:
         await self.pool.wait_ready(CALIBRATION_WAIT_S)
         request: Request = await self.pool.parse(parse_request_compact, method, payload,
                                                  self.cfg.limits.max_request_bytes)
-        return request
+        return with_payload(request, payload)
 
     def _observed(self, method: str, outcome: str, started: float) -> None:
         if self.observe is not None:  # an unknown method is counted under one name: topics are the requester's
@@ -226,6 +246,10 @@ class RequestHandler:
             return {}
         if method == "monitors/list":
             return {"monitors": self.registry.listing(owner)}
+        if method == "monitors/renew":
+            renewed, unknown = self.registry.renew(request.monitors, owner, time.monotonic())
+            log.debug("lease renewed: %d monitor(s); %d unknown", len(renewed), len(unknown))
+            return {"renewed": renewed, "unknown": unknown}
         if method == "monitors/running":
             assert request.monitor is not None and request.running is not None
             await self.registry.set_running(request.monitor, request.running, owner)
@@ -267,7 +291,7 @@ class RequestHandler:
     async def _create(self, request: Request, owner: str) -> dict[str, Any]:
         monitor = request.monitor or secrets.token_hex(8)
         self.registry.check_owner(monitor, owner)  # before the work of pricing it
-        self.registry.check_room(monitor)
+        self.registry.check_room(monitor, owner)
         analyses = self._placed(request, await self._analyses(request))
         workloads = []
         for w, a in zip(request.workloads, analyses, strict=True):
@@ -275,7 +299,7 @@ class RequestHandler:
             workloads.append((w.name, w.requirement, a))
         speed, warp = self._priced(owner)
         meets, answers, replaced = await self.registry.create(monitor, workloads, speed, self._veto() is not None,
-                                                              owner, warp.shown_ms)
+                                                              owner, warp.shown_ms, request.lease_s)
         log.info("monitor %s created (%s)%s", monitor,
                  ", ".join(f"{w.name + ': ' if w.name else ''}{w.requirement.describe()}" for w in request.workloads
                            if w.requirement is not None),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import aiomqtt
 
-from agent import calibration_store
+from agent import calibration_store, heap
 from agent.analysis import AnalysisPool
 from agent.cli import version
 from agent.config import Config
@@ -45,6 +45,7 @@ log = logging.getLogger("daop-agent")
 
 MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
+STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 
 
 class Agent:
@@ -68,7 +69,7 @@ class Agent:
                                             *((cfg.homeassistant.status_topic,) if self.homeassistant else ())),
                              on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
         self.registry = MonitorRegistry(cfg.state_dir, cfg.rules, cfg.limits.max_monitors, self.topics,
-                                        self._send, str(cfg.procfs_root))
+                                        self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner)
         self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.link.answer,
                                        veto=lambda: self._veto, engine_error=lambda: self.engine_error,
                                        speeds=lambda: self.speeds)
@@ -91,6 +92,9 @@ class Agent:
         self._reasons: tuple[str, ...] = ()
         self._stop = asyncio.Event()
         self.engine_error: str | None = None
+        self._refresh_on: bool | None = None  # whether warm refresh runs (None: not known yet)
+        self._holding = True  # the stored monitors keep their answers (MonitorTable.hold) until a full reading
+        self._started_at = time.monotonic()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -134,8 +138,10 @@ class Agent:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        heap.bound()  # large requests' memory goes back to the system when they are done (agent/heap.py)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        self._started_at = time.monotonic()
         await asyncio.to_thread(self.registry.load)
         self.link.send(*self.registry.cleared_corrupt(), *self.registry.last_events())
         sampler = self._sampler
@@ -223,7 +229,9 @@ class Agent:
         cal = await asyncio.to_thread(calibration_store.load, self.cfg.state_dir, "cpu")
         if cal is None or not cal.refresh_reference:
             log.info("warm refresh off: the calibration has no reference measurement")
+            self._refresh_on = False
             return
+        self._refresh_on = True
         self._reference = dict(cal.refresh_reference)
         self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s)
 
@@ -273,11 +281,13 @@ class Agent:
             if self.metrics is not None:
                 self.metrics.sampled(state, speed.cpu)
             await self.registry.end_gone_runs()
+            await self.registry.expire(time.monotonic())
             sampler.track(self.registry.running_pids())
             self.speeds = self.registry.speeds(self.speed)
             if self.speed.start_refresh(started, own_work or self.pool.busy):
                 self._refresh_due.set()
             self._veto = self.policy.veto(power_facts(state))
+            self._release_hold(started)
             if self._veto != veto_logged:
                 log.info("policy: %s", f"nothing runs locally ({self._veto})" if self._veto else "lifted")
                 veto_logged = self._veto
@@ -286,6 +296,19 @@ class Agent:
                 log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
             self._state_seen.set()
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    def _release_hold(self, now: float) -> None:
+        """The stored monitors follow the present speed again once it has a full reading (or after
+        STARTUP_HOLD_MAX_S without one, or when the estimator cannot start). A policy veto (a power-saver
+        profile, a low battery) is a reading of the device's own state, not a partial one: it releases them."""
+        if not self._holding:
+            return
+        full = self._refresh_on is not None and self.speed.full_reading(self._refresh_on)
+        if full or self._veto is not None or self.engine_error is not None or \
+                now - self._started_at >= STARTUP_HOLD_MAX_S:
+            self._holding = False
+            self.registry.table.release()
+            log.info("monitors follow the present speed (%s)", "a full reading" if full else "no full reading")
 
     async def _tick_task(self, sampler: Sampler) -> None:
         """Run-queue snapshots between samples (Sampler.tick), TICKS_PER_SAMPLE per interval: on the loop,

@@ -46,7 +46,9 @@ CORRUPT_DIR = "corrupt"
 # When the seq file itself is lost, seq jumps this far ahead of anything still
 # known, so that it keeps never going back for subscribers.
 SEQ_LOSS_JUMP = 1 << 20
-MONITOR_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# A name that becomes one topic level (monitor ids, owners, workload names): matched whole (`fullmatch`: a `$`
+# would let a final newline through, and Mosquitto drops a connection that publishes a control character).
+MONITOR_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class StoredWorkload:
         w = cls(str(data["name"]), requirement, data["device"], dict(data["plans"]),
                 {str(k): float(v) for k, v in dict(data["baseMs"]).items()}, int(data["memoryBytes"]),
                 float(data.get("view", 1.0)))
-        if w.name and not MONITOR_ID_RE.match(w.name):
+        if w.name and not MONITOR_ID_RE.fullmatch(w.name):
             raise ValueError(f"bad workload name {w.name!r}")
         if w.device not in DEVICES or w.device not in w.base_ms:
             raise ValueError("bad device")
@@ -133,6 +135,7 @@ class StoredMonitor:
     member_meets: list[bool] | None = None  # a group's workloads' answers (None: each as `meets`)
     created_seq: int = -1  # the seq it was created with (set by MonitorStore.load; not stored)
     owner: str = ""  # the client that created it ("": the shared, anonymous one; docs/mqtt.md "Owners")
+    lease_s: float | None = None  # deleted once this long passes without a renewal (None: lives until deleted)
 
     @property
     def group(self) -> bool:
@@ -141,7 +144,8 @@ class StoredMonitor:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "monitor": self.monitor, "workloads": [w.to_json() for w in self.workloads],
                 "seq": self.seq, "meets": self.meets,
-                "running": None if self.running is None else self.running.to_json(), "owner": self.owner}
+                "running": None if self.running is None else self.running.to_json(), "owner": self.owner,
+                "leaseS": self.lease_s}
 
     @classmethod
     def from_json(cls, data: Any) -> StoredMonitor:
@@ -160,14 +164,24 @@ class StoredMonitor:
                 raise ValueError("a monitor has workloads")
             workloads = [StoredWorkload.from_json(w) for w in data["workloads"]]
             running = Running.from_json(data.get("running"))
-        m = cls(data["monitor"], workloads, data["seq"], data["meets"], running, owner=data.get("owner", ""))
-        if not (isinstance(m.monitor, str) and MONITOR_ID_RE.match(m.monitor)):
+        lease = data.get("leaseS")
+        if lease is not None and not (isinstance(lease, (int, float)) and 0 < lease < 1e9):
+            raise ValueError(f"bad lease {lease!r}")
+        m = cls(data["monitor"], workloads, data["seq"], data["meets"], running, owner=data.get("owner", ""),
+                lease_s=None if lease is None else float(lease))
+        if not (isinstance(m.monitor, str) and MONITOR_ID_RE.fullmatch(m.monitor)):
             raise ValueError(f"bad monitor id {m.monitor!r}")
-        if not (m.owner == "" or isinstance(m.owner, str) and MONITOR_ID_RE.match(m.owner)):
+        if not (m.owner == "" or isinstance(m.owner, str) and MONITOR_ID_RE.fullmatch(m.owner)):
             raise ValueError(f"bad owner {m.owner!r}")
         if not isinstance(m.seq, int) or isinstance(m.seq, bool) or m.seq < 0 or not isinstance(m.meets, bool):
             raise ValueError("bad seq or meets")
         return m
+
+
+def _owner_of(doc: Any) -> str:
+    """The owner a monitor file that cannot be used still names, if it names a valid one; else ""."""
+    owner = doc.get("owner") if isinstance(doc, dict) else None
+    return owner if isinstance(owner, str) and MONITOR_ID_RE.fullmatch(owner) else ""
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -175,13 +189,17 @@ def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind (a full disk, an I/O error)
+        raise
     fsync_dir(path.parent)
 
 
@@ -216,7 +234,9 @@ class MonitorStore:
         self.folder = self.state_dir / MONITOR_DIR
         self.seq_path = self.state_dir / SEQ_FILE
         self.corrupt_folder = self.state_dir / CORRUPT_DIR
-        self.set_aside: list[str] = []  # monitors whose file could not be read at the last load
+        # (monitor, owner) of each file that could not be used at the last load (the owner as far as the file
+        # still tells it, else ""): their retained states are cleared where the broker holds them
+        self.set_aside: list[tuple[str, str]] = []
 
     def prepare(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -248,14 +268,16 @@ class MonitorStore:
         monitors: list[StoredMonitor] = []
         self.set_aside = []
         for path in sorted(self.folder.glob("*.json")):
+            doc: Any = None
             try:
-                m = StoredMonitor.from_json(json.loads(path.read_bytes()))
+                doc = json.loads(path.read_bytes())
+                m = StoredMonitor.from_json(doc)
                 if path.name != f"{m.monitor}.json":
                     raise ValueError(f"holds monitor {m.monitor!r}")
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
                 set_aside(path, str(exc) or type(exc).__name__, self.corrupt_folder)
-                if MONITOR_ID_RE.match(path.stem):
-                    self.set_aside.append(path.stem)
+                if MONITOR_ID_RE.fullmatch(path.stem):  # (a name the broker would refuse has no state there)
+                    self.set_aside.append((path.stem, _owner_of(doc)))
                 continue
             monitors.append(m)
         for leftover in [*self.folder.glob(".*.tmp-*"), *self.state_dir.glob(".*.tmp-*")]:

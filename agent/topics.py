@@ -21,7 +21,27 @@ log = logging.getLogger("daop-agent")
 
 ONLINE = json.dumps({"state": "online"}).encode()
 OFFLINE = json.dumps({"state": "offline"}).encode()
-OWNER_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # an owner is one topic level, as a device id
+OWNER_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # an owner is one topic level, as a device id (fullmatch)
+
+
+def topic_fault(topic: str) -> str | None:
+    """Why a broker would refuse a PUBLISH to `topic` (None: it would not): MQTT's rules as Mosquitto applies
+    them (empty, over 65535 bytes, a wildcard, U+0000, a control character, a surrogate or a non-character).
+    Mosquitto answers such a publish by closing the connection, so the agent checks every topic it sends
+    to and drops the one message instead of the connection every app shares."""
+    if not topic:
+        return "it is empty"
+    if "+" in topic or "#" in topic:
+        return "it has a wildcard"
+    for ch in topic:
+        cp = ord(ch)
+        if cp < 0x20 or 0x7F <= cp <= 0x9F:
+            return f"it has the control character U+{cp:04X}"
+        if 0xD800 <= cp <= 0xDFFF or 0xFDD0 <= cp <= 0xFDEF or cp & 0xFFFE == 0xFFFE:
+            return f"it has U+{cp:04X}, which MQTT does not allow"
+    if len(topic.encode()) > 65535:
+        return "it is longer than 65535 bytes"
+    return None
 
 
 def online(storage_ok: bool = True) -> bytes:
@@ -62,7 +82,7 @@ class Topics:
         if not topic.startswith(prefix):
             return None
         owner, sep, rest = topic[len(prefix):].partition("/request/")
-        if not sep or not OWNER_RE.match(owner):
+        if not sep or not OWNER_RE.fullmatch(owner):
             return None
         return owner, rest
 
@@ -100,17 +120,18 @@ class Topics:
 
     def answer_topic(self, method: str, response_topic: str | None, owner: str = "") -> str | None:
         """Where an answer goes: the owner's `response/<method>` when the request had no v5 ResponseTopic; the
-        ResponseTopic when it lies under this device's `response/` or the owner's own `client/<owner>/response/`
-        (docs/mqtt.md); the owner's `response/<method>` again for a wildcard or another topic inside this
-        device's tree (a requester must not make the agent write its monitors' state, nor into another owner's
-        scope); and nowhere (None, logged) for a topic outside `daop/<device_id>/`: the agent publishes under
-        its own base only, whatever the broker's ACL allows."""
+        ResponseTopic when it lies under the asking scope's own `response/` (the owner's `client/<owner>/response/`,
+        the base's for the shared owner: an owner never answers into the shared topics; docs/mqtt.md); the owner's
+        `response/<method>` again for a wildcard or another topic inside this device's tree (a requester must not
+        make the agent write its monitors' state, nor into another owner's scope); and nowhere (None, logged) for
+        a topic outside `daop/<device_id>/`: the agent publishes under its own base only, whatever the broker's
+        ACL allows."""
         if not response_topic:
             return self.response(method, owner)
         if not response_topic.startswith(self.base):
             log.warning("not answering: ResponseTopic %r is outside %s", _short(response_topic), self.base)
             return None
-        allowed = (self.base + "response/", self.scope(owner) + "response/")
+        allowed = self.scope(owner) + "response/"  # an owner's answers stay in its own scope
         if "+" in response_topic or "#" in response_topic or "\0" in response_topic or \
                 not response_topic.startswith(allowed):
             log.warning("ignoring ResponseTopic %r: answering on response/%s", _short(response_topic), method)

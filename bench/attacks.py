@@ -39,10 +39,18 @@ from agent import calibration_store
 REPO = Path(__file__).resolve().parent.parent
 DEV = "attacked"
 MiB = 1 << 20
+ROUNDS = 6  # rounds of four 15 MB graphs after the attacks, for the agent's RSS at rest afterwards
+AGENT_CEILING = 512 * MiB  # the agent process alone, whatever it is sent (docs/reliability.md)
+REST_GROWTH_BOUND = 192 * MiB  # what two rounds of four 15 MB graphs may leave in a fresh agent process at rest
 BROKER_MAX_PACKET = 200 * MiB  # under MQTT's own ceiling (256 MB), which Mosquitto 2.0 cannot serve as is
-CONFIG = """
+BURST = 20  # a client's request budget at once (privacy.burst): the over-budget attack spends it first
+CONFIG = f"""
 [limits]
 estimate_timeout_s = 10
+
+[privacy]
+burst = {BURST}
+per_minute = 6
 """
 
 
@@ -98,9 +106,11 @@ def client(port: int) -> aiomqtt.Client:
 
 
 async def ask(port: int, method: str, payloads: list[bytes], timeout: float, *, retain: bool = False,
-              response_topic: str | None = None) -> list[dict | None]:
-    """Publish each payload as a request with its own CorrelationData; the answers in order (None: none came)."""
-    topic = response_topic or f"daop/{DEV}/response/client/a-{uuid.uuid4().hex[:8]}"
+              response_topic: str | None = None, owner: str | None = None) -> list[dict | None]:
+    """Publish each payload as a request with its own CorrelationData; the answers in order (None: none came).
+    With an `owner`, asked in that client's scope (its own request budget)."""
+    scope = f"daop/{DEV}/client/{owner}/" if owner else f"daop/{DEV}/"
+    topic = response_topic or f"{scope}response/client/a-{uuid.uuid4().hex[:8]}"
     answers: list[dict | None] = [None] * len(payloads)
     async with client(port) as c:
         await c.subscribe(topic, qos=1)
@@ -118,7 +128,7 @@ async def ask(port: int, method: str, payloads: list[bytes], timeout: float, *, 
             props = Properties(PacketTypes.PUBLISH)
             props.ResponseTopic = topic
             props.CorrelationData = i.to_bytes(4, "big")
-            await c.publish(f"daop/{DEV}/request/{method}", payload, qos=1, properties=props, retain=retain)
+            await c.publish(f"{scope}request/{method}", payload, qos=1, properties=props, retain=retain)
         try:
             await asyncio.wait_for(reader, timeout)
         except TimeoutError:
@@ -133,6 +143,14 @@ async def good_request_s(port: int, timeout: float = 60.0) -> float:
     if answer is None or answer.get("status") != "ok":
         return float("inf")
     return time.monotonic() - started
+
+
+def own_rss(pid: int) -> int:
+    """RSS of the agent process alone (not its workers), bytes; 0 once it is gone."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def tree_rss(pid: int) -> int:
@@ -152,17 +170,23 @@ def tree_rss(pid: int) -> int:
 
 
 class PeakWatcher:
-    """The peak of tree_rss(pid), sampled every 50 ms in a thread while in the `with` block."""
+    """The peaks of tree_rss(pid) and of own_rss(pid) (the agent process's own), sampled every 50 ms in a thread
+    while in the `with` block."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.peak = 0
+        self.own_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        self.own_peak = max(self.own_peak, own_rss(self.pid))
+        self.peak = max(self.peak, tree_rss(self.pid))
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss(self.pid))
+            self._sample()
             self._stop.wait(0.05)
 
     def __enter__(self) -> PeakWatcher:
@@ -172,7 +196,7 @@ class PeakWatcher:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss(self.pid))
+        self._sample()
 
 
 # -- the attacks ----------------------------------------------------------------------------------------------
@@ -206,6 +230,27 @@ async def nested_local_functions(port: int) -> list[dict | None]:
     return await ask(port, "estimate", [json.dumps({"onnx": b64(nested_functions_onnx())}).encode()], 60.0)
 
 
+def big_numbers_graph(mb: float) -> bytes:
+    """A webnn-graph-json request of about `mb` MB whose graph is made of `1e15`s (each 4 bytes as sent, 16 once
+    written back as a float)."""
+    count = int(mb * MiB) // 5
+    return b'{"graph": {"consts": [' + b",".join([b"1e15"] * count) + b"]}}"
+
+
+async def large_graphs_at_once(port: int) -> list[dict | None]:
+    """Four 15 MB webnn-graph-json requests at once (each read in a worker), from a client of their own (within
+    its budget)."""
+    return await ask(port, "estimate", [big_numbers_graph(15)] * 4, 180.0, owner=f"big-{uuid.uuid4().hex[:6]}")
+
+
+async def large_over_budget(port: int) -> list[dict | None]:
+    """A client that has spent its request budget (privacy.burst) sends four 15 MB requests: refused before
+    anything of them is read."""
+    owner = f"spent-{uuid.uuid4().hex[:6]}"
+    await ask(port, "estimate", [GOOD] * (BURST + 1), 120.0, owner=owner)
+    return await ask(port, "estimate", [big_numbers_graph(15)] * 4, 60.0, owner=owner)
+
+
 async def response_topic_elsewhere(port: int) -> list[dict | None]:
     """A well-formed request whose ResponseTopic lies outside daop/<device>/: never answered there."""
     return await ask(port, "estimate", [GOOD], 5.0, response_topic=f"elsewhere/{uuid.uuid4().hex[:8]}")
@@ -218,6 +263,8 @@ ATTACKS: dict[str, Attack] = {
     "a .webnn text with a 15 MB string": long_string_literal,
     "ONNX functions inlining to 1e6 nodes": nested_local_functions,
     "ResponseTopic outside the base": response_topic_elsewhere,
+    "four 15 MB graphs of 1e15s at once": large_graphs_at_once,
+    "four 15 MB requests over the budget": large_over_budget,
 }
 
 
@@ -234,16 +281,22 @@ async def good_request_during_s(port: int, delay_s: float = 0.5) -> float:
     return await good_request_s(port)
 
 
-async def replay(pid: int, port: int) -> list[tuple[str, int, float, float, str]]:
-    """(attack, peak tree RSS bytes, seconds to answer a well-formed request sent during it and after it,
-    answers' codes)."""
+async def replay(pid: int, port: int) -> list[tuple[str, int, int, float, float, str]]:
+    """(attack, peak tree RSS bytes, peak RSS of the agent process alone, seconds to answer a well-formed request
+    sent during it and after it, answers' codes)."""
     rows = []
     for name, attack in ATTACKS.items():
         with PeakWatcher(pid) as watcher:
             answers, during = await asyncio.gather(attack(port), good_request_during_s(port))
             after = await good_request_s(port)
-        rows.append((name, watcher.peak, during, after, codes(answers)))
+        rows.append((name, watcher.peak, watcher.own_peak, during, after, codes(answers)))
     return rows
+
+
+async def rounds_of_large_graphs(port: int, rounds: int) -> None:
+    """`rounds` times four 15 MB graphs at once: what the agent keeps of them shows at rest afterwards."""
+    for _ in range(rounds):
+        await large_graphs_at_once(port)
 
 
 def main() -> int:
@@ -262,18 +315,26 @@ def main() -> int:
             assert agent.proc is not None
             pid = agent.proc.pid
             time.sleep(2.0)
-            rest = tree_rss(pid)
+            rest, own_rest = tree_rss(pid), own_rss(pid)
             baseline = asyncio.run(good_request_s(broker.port))
             rows = asyncio.run(replay(pid, broker.port))
+            asyncio.run(rounds_of_large_graphs(broker.port, ROUNDS))
+            time.sleep(2.0)
+            own_after = own_rss(pid)
             alive = agent.proc.poll() is None
         finally:
             agent.stop()
             broker.stop()
             shutil.rmtree(root, ignore_errors=True)
-    print(f"agent process tree at rest: {rest / MiB:.0f} MB RSS; a well-formed estimate: {baseline * 1000:.0f} ms")
-    print(f"{'attack':40s} {'peak tree RSS':>14s} {'good one during':>16s} {'and after':>10s}  answers")
-    for name, peak, during, after, answer_codes in rows:
-        print(f"{name:40s} {peak / MiB:11.0f} MB {during * 1000:13.0f} ms {after * 1000:7.0f} ms  {answer_codes}")
+    print(f"agent process tree at rest: {rest / MiB:.0f} MB RSS (the agent process alone: {own_rest / MiB:.0f} MB); "
+          f"a well-formed estimate: {baseline * 1000:.0f} ms")
+    print(f"{'attack':40s} {'peak tree RSS':>14s} {'agent alone':>12s} {'good one during':>16s} {'and after':>10s}  "
+          "answers")
+    for name, peak, own_peak, during, after, answer_codes in rows:
+        print(f"{name:40s} {peak / MiB:11.0f} MB {own_peak / MiB:9.0f} MB {during * 1000:13.0f} ms "
+              f"{after * 1000:7.0f} ms  {answer_codes}")
+    print(f"the agent process alone at rest after every attack and {ROUNDS} more rounds of four 15 MB graphs: "
+          f"{own_after / MiB:.0f} MB RSS (at start {own_rest / MiB:.0f} MB)")
     print(f"agent still running: {alive}")
     return 0 if alive else 1
 

@@ -79,11 +79,21 @@ class Requirement:
         return " within ".join(parts)
 
 
+def finite_number(value: Any) -> bool:
+    """A JSON number that is a finite float: not a bool, and not an integer too large for a float (a 401-digit
+    one would raise OverflowError in any float arithmetic, and must be a bad request, not an internal error)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _number(value: Any, name: str, lo: float, hi: float) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not lo <= value <= hi:
+    if not finite_number(value) or not lo <= value <= hi:
         raise BadInput(f"{name} must be a number from {lo:g} to {hi:g}, not {_short(value)}", "bad_requirement")
     return float(value)
 

@@ -194,6 +194,16 @@ class MonitorTable:
         self._n += 1
         self.last_seq = max(self.last_seq, seq)
 
+    def hold(self) -> None:
+        """Every monitor held now keeps its answer until `release()`: the agent's own restart, until its present
+        speed has a full reading again, must not read as a change of the device (a first sample is partial)."""
+        self._last_change[:self._n] = math.inf
+
+    def release(self) -> None:
+        """The held monitors follow the present speed again (dwell and rate limits as before the hold)."""
+        held = self._last_change[:self._n] == math.inf
+        self._last_change[:self._n][held] = -math.inf
+
     def remove(self, monitor: str) -> None:
         i = self._index.pop(monitor)
         for j in sorted(self._rows(i).tolist(), reverse=True):  # its members first, from the end

@@ -77,7 +77,7 @@ def test_corrupt_files_are_set_aside_once_with_one_log_line(tmp_path: Path, capl
     assert len([r for r in caplog.records if "set aside" in r.getMessage()]) == 4
     assert len(list((tmp_path / "corrupt").glob("*.json.corrupt-*"))) == 4  # 3 monitors and the seq file
     assert len(list((tmp_path / "corrupt").glob("monitor-seq.json.corrupt-*"))) == 1
-    assert sorted(store.set_aside) == ["tier", "trunc", "wrong"]
+    assert sorted(m for m, _ in store.set_aside) == ["tier", "trunc", "wrong"]
     # seq file lost: seq jumps ahead so it still never goes back
     assert loaded[0].seq == 1 + SEQ_LOSS_JUMP and last >= loaded[0].seq
     caplog.clear()

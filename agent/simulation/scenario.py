@@ -264,7 +264,7 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
         raise _fail("file", "needs at least one [[monitors]]")
     for w, m in _tables(doc, "monitors"):
         mid = _take(m, "id", (str,), w)
-        if not MONITOR_ID_RE.match(mid):
+        if not MONITOR_ID_RE.fullmatch(mid):
             raise _fail(f"{w}.id", f"must be 1 to 64 of A-Z a-z 0-9 _ -, not {mid!r}")
         at = _number(_take(m, "at", (int, float), w, 0), f"{w}.at", 0, duration)
         if any(x.id == mid and x.at == at for x in monitors):
@@ -283,7 +283,7 @@ def parse_scenario(text: str, base: Path = Path("."), where: str = "file") -> Sc
                     raise _fail(ww, "must be a table")
                 item = dict(item)
                 name = _take(item, "name", (str,), ww)
-                if not MONITOR_ID_RE.match(name) or any(x.name == name for x in group):
+                if not MONITOR_ID_RE.fullmatch(name) or any(x.name == name for x in group):
                     raise _fail(f"{ww}.name", f"must be 1 to 64 of A-Z a-z 0-9 _ -, and unique: {name!r}")
                 group.append(_workload(item, name, base, ww))
                 _leftovers(item, ww)

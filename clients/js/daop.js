@@ -85,6 +85,7 @@ export class DaopContext extends QoSContext {
   #pending = new Map(); // correlation -> {resolve, reject, timer}
   #timeoutMs;
   #onPageHide;
+  #leaseTimer = renewLeases(this, () => [...this._monitors.keys()]);
 
   constructor(client, deviceId, clientId, timeoutMs, owner, contextOptions = {}) {
     super(contextOptions);
@@ -181,6 +182,11 @@ export class DaopContext extends QoSContext {
     return this._subscribe([this._scoped(`monitors/${id}/state`), this._scoped(`monitors/${id}/events`)]);
   }
 
+  /** A monitor of this page's lives while the page renews it (docs/mqtt.md "Leases"). */
+  _createFields() {
+    return { leaseS: LEASE_S };
+  }
+
   _unwatch(id) {
     this.#client.unsubscribe([this._scoped(`monitors/${id}/state`), this._scoped(`monitors/${id}/events`)]);
   }
@@ -188,6 +194,7 @@ export class DaopContext extends QoSContext {
   /** Delete this context's monitors on the agent, then disconnect. */
   async close() {
     globalThis.removeEventListener?.('pagehide', this.#onPageHide);
+    clearInterval(this.#leaseTimer);
     await Promise.allSettled([...this._monitors.values()].map((m) => m.close()));
     for (const correlation of [...this.#pending.keys()]) {
       this.#settle(correlation, null, new DaopError('closed', 'the connection was closed'));
@@ -206,4 +213,17 @@ export function createML(connectOptions) {
     /** @param {{deviceType?: string, powerPreference?: string, accelerated?: boolean}} [options] */
     createContext: (options = {}) => connect({ ...connectOptions, ...options }),
   });
+}
+
+/** A monitor lives while its page runs: created with this lease, renewed every third of it (docs/mqtt.md "Leases"). */
+const LEASE_S = 60;
+
+/** Renew the context's monitors (`ids()`) every third of their lease; the timer, for clearInterval on close. */
+function renewLeases(context, ids) {
+  const timer = setInterval(() => {
+    const monitors = ids();
+    if (monitors.length) context._request('monitors/renew', { monitors }).catch(() => {}); // next third: again
+  }, (LEASE_S * 1000) / 3);
+  timer.unref?.(); // (Node) a context left open does not hold the process
+  return timer;
 }

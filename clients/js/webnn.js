@@ -376,7 +376,7 @@ export class QoSContext extends EventTarget {
    */
   createQoSMonitor(graph, tier, options = {}) {
     const { monitor: id = randomHex(8) } = options;
-    const body = requestBody(this, graph, options, { requiredTier: tier, monitor: id });
+    const body = requestBody(this, graph, options, { requiredTier: tier, monitor: id, ...this._createFields() });
     if (this._monitors.has(id)) throw new DaopError('bad_monitor_id', `monitor ${id} is already open here`);
     const monitor = new QoSMonitor(this, id, tier);
     this._monitors.set(id, monitor);
@@ -385,6 +385,11 @@ export class QoSContext extends EventTarget {
       return (await this._request('monitors/create', body)).meetsRequirement;
     })());
     return monitor;
+  }
+
+  /** Fields a transport adds to each monitors/create (the WebSocket client's lease). */
+  _createFields() {
+    return {};
   }
 
   _monitorMessage(id, doc, retained) {

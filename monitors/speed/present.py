@@ -286,6 +286,7 @@ class PresentSpeed:
         self.speed: Speed = AT_REST
         self.held = False  # the latest state was sampled during the agent's own heavy work
         self._fresh = False  # the speed has been made from a state free of the agent's own work
+        self.fresh_states = 0  # states observed free of the agent's own work
         self._refreshing = False  # a refresh is due, running, or its reading not yet paired
         self._reading: tuple[float | None, float | None, float, float] | None = None  # slowdown, handoff, at, CPU s
 
@@ -297,6 +298,7 @@ class PresentSpeed:
         """A newly sampled state (monotonic `now`); returns the present speed."""
         self.state = state
         self.held = own_work
+        self.fresh_states += not own_work
         if self._reading is not None:
             self._pair(self._reading, state, own_work)
         if self.policy is not None and not own_work:
@@ -310,6 +312,14 @@ class PresentSpeed:
             self.priced = priced
             self._fresh = self._fresh or not own_work
         return self.speed
+
+    def full_reading(self, refresh_on: bool) -> bool:
+        """Whether the present speed has a full reading: a warm refresh's measurement paired with a state where
+        the agent refreshes, else two states free of its own work (the first covers an interval that began
+        before the agent was sampling: its load and pressure are partial)."""
+        if refresh_on:
+            return self.measurement is not None and self.fresh_states >= 1
+        return self.fresh_states >= 2
 
     def for_share(self, share: Share) -> Speed:
         """The present speed for an app that takes `share` of the CPU itself: its own run left out. The warm

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:18830"  # what `./run.sh` (`daop-agent run --local-broker`) serves
-DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DEVICE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # one topic level, matched whole
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,6 @@ def default_device_id() -> str:
 
 
 def check_device_id(value: Any) -> str:
-    if not isinstance(value, str) or not DEVICE_ID_RE.match(value):
+    if not isinstance(value, str) or not DEVICE_ID_RE.fullmatch(value):
         raise ValueError(f"device id must be 1 to 64 of A-Z a-z 0-9 _ -, not {value!r}")
     return value

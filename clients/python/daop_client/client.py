@@ -17,6 +17,10 @@ again on reconnect, so a change made while away still arrives once (events are t
 With an `owner` (the app's broker user name, or its client id, as the broker's ACL allows), every request,
 answer and monitor topic lives under the app's own scope `daop/<device>/client/<owner>/`: its monitors are its
 own, listed, replaced and deleted by it only, and its request budget its own (docs/mqtt.md "Owners").
+
+Its monitors live while it runs: each is created with a lease (`lease_s`, 60 s by default) that the client
+renews every third of it; once it stops, by any means, the agent deletes them a lease later (docs/mqtt.md
+"Leases"). `lease_s=None` keeps them until deleted (a backend that outlives its own restarts).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from daop_client.connection import Backoff, Credentials, open_client
 STATUS_WAIT_S = 3.0  # after connecting: how long a device's retained status may take to arrive
 SURVEY_S = 1.0  # how long the device ids on the broker are gathered for a `no_agent` error
 _OWN_PID = object()  # running()'s default: this process
+DEFAULT_LEASE_S = 60.0  # a monitor lives this long after its client last renewed it (docs/mqtt.md "Leases")
+MAX_RENEW = 1000  # monitors renewed by one request (the agent's limit)
 
 
 class DaopError(Exception):
@@ -178,7 +184,8 @@ class DaopClient:
                  username: str | None = None, password: str | None = None, client_id: str | None = None,
                  ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
                  timeout_s: float = 60.0, session_expiry_s: int = 300,
-                 on_connection: Callable[[str, str], None] | None = None, owner: str | None = None) -> None:
+                 on_connection: Callable[[str, str], None] | None = None, owner: str | None = None,
+                 lease_s: float | None = DEFAULT_LEASE_S) -> None:
         self.address = parse_broker_url(broker or default_broker())
         self.credentials = Credentials(username, password, ca_file, cert_file, key_file)
         self.device_id = check_device_id(device_id or default_device_id())
@@ -201,6 +208,8 @@ class DaopClient:
         self._feeds: dict[str, _Feed] = {}
         self._survey: set[str] | None = None
         self._reconnects = 0
+        self.lease_s = lease_s  # its monitors' lease, renewed while it runs (None: they live until deleted)
+        self._renewer: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -217,10 +226,25 @@ class DaopClient:
             await client.__aexit__(None, None, None)
             raise
         self._reader = asyncio.get_running_loop().create_task(self._run(client))
+        if self.lease_s is not None:
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases(self.lease_s))
         return self
+
+    async def _renew_leases(self, lease_s: float) -> None:
+        """This client's monitors live while it runs: renewed every third of their lease (docs/mqtt.md "Leases").
+        Once it stops (a clean exit, Ctrl-C, a crash) nobody renews them, and the agent deletes them."""
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            if self._feeds and self.connected:
+                try:
+                    await self.request("monitors/renew", {"monitors": list(self._feeds)[:MAX_RENEW]})
+                except DaopError:
+                    pass  # tried again a third of a lease later
 
     async def __aexit__(self, *exc: Any) -> None:
         self._closing = True
+        if self._renewer is not None:
+            self._renewer.cancel()
         client = self._client
         if client is not None:
             try:  # nothing left for the broker to keep for this session
@@ -440,6 +464,9 @@ class DaopClient:
                 **requirement_fields(tier, rate, deadline_ms), **(context or Context()).fields()}
         return await self._create(body, monitor)
 
+    def _lease(self) -> dict[str, float]:
+        return {} if self.lease_s is None else {"leaseS": self.lease_s}
+
     async def create_group(self, workloads: Sequence[Workload], monitor: str | None = None,
                            context: Context | None = None) -> Monitor:
         """Register a monitor of workloads that run together; its events carry each one's answer."""
@@ -458,7 +485,7 @@ class DaopClient:
         self._feeds[monitor] = feed
         try:
             await client.subscribe(f"{self.scope}monitors/{monitor}/events", qos=1)
-            data = await self.request("monitors/create", {**body, "monitor": monitor})
+            data = await self.request("monitors/create", {**body, **self._lease(), "monitor": monitor})
         except BaseException:
             self._feeds.pop(monitor, None)
             raise

@@ -32,7 +32,7 @@ from daop_client.address import check_device_id, default_broker, parse_broker_ur
 from daop_client.client import MonitorEvent, _json, event_of
 from daop_client.connection import PROTOCOLS, Backoff, Credentials, acknowledge, acknowledge_manually, open_client
 
-SHARE_GROUP_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SHARE_GROUP_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # matched whole
 FLEET_TOPICS = ("daop/{device}/status", "daop/{device}/monitors/+/events")
 
 
@@ -62,7 +62,7 @@ class Fleet:
             raise ValueError("session_expiry_s must be above 0, or the broker keeps nothing while away")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be {' or '.join(PROTOCOLS)}, not {protocol!r}")
-        if group is not None and not SHARE_GROUP_RE.match(group):
+        if group is not None and not SHARE_GROUP_RE.fullmatch(group):
             raise ValueError(f"a share group is 1 to 64 of A-Z a-z 0-9 _ -, not {group!r}")
         urls = [broker or default_broker()] if broker is None or isinstance(broker, str) else list(broker)
         if not urls:
