@@ -600,7 +600,7 @@ def test_a_web_pages_monitor_has_a_lease_that_the_page_renews(browser, client_si
     browser.evaluate(f"""(async () => {{
         window.context = await connect(creds);
         await context.createQoSMonitor({json.dumps(webnn)}, 'poor',
-                                       {{inputs: {{image: [1, 288, 512, 3]}}, monitor: 'leased-page'}});
+                                       {{inputs: {{image: [1, 288, 512, 3]}}, monitor: 'leased-page'}}).ready;
     }})()""")
     stored = json.loads((web_agent.state_dir / "monitors" / "leased-page.json").read_text())
     assert stored["leaseS"] == 60
