@@ -19,7 +19,6 @@ from typing import Any
 
 import aiomqtt
 import pytest
-from device_proc import DeviceProc
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -35,13 +34,6 @@ def device(tmp_path: Path):
     tree = desktop(tmp_path / "tree")
     tree.set("firmware/acpi/platform_profile", "balanced")
     return tree
-
-
-@pytest.fixture
-def device_proc(tmp_path: Path):
-    """A /proc of this test's processes without the host's other tenants (device_proc.py), kept up to date."""
-    with DeviceProc(tmp_path / "device-proc") as proc:
-        yield proc
 
 
 def write_config(tmp_path: Path, text: str) -> Path:
@@ -103,18 +95,6 @@ class AgentProcess:
                 raise AssertionError(f"agent exited ({self.proc.returncode}) before {text!r}:\n{self.log[-3000:]}")
             time.sleep(0.05)
         raise AssertionError(f"agent did not log {text!r} within {timeout} s:\n{self.log[-3000:]}")
-
-    def settle(self, timeout: float = 20.0, most: float = 1.25) -> None:
-        """Until the agent's latest reading of the present CPU speed (its debug log) is within `most` of the
-        calibrated: a fresh agent's first readings take in the end of its own start-up, which the tests that first
-        need a quiet device wait out. (The warm refresh measures the real CPU, which a shared host slows a little.)"""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            readings = [line for line in self.log.splitlines() if " DEBUG speed cpu " in line]
-            if readings and float(readings[-1].split(" DEBUG speed cpu ")[1].split("x")[0]) <= most:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"the agent's reading did not settle within {timeout} s:\n{self.log[-3000:]}")
 
     def kill(self) -> None:
         """SIGKILL: no clean stop, no offline message, whatever it was doing."""
