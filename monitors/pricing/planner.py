@@ -18,6 +18,7 @@ import onnx
 
 from monitors.errors import GraphError
 from monitors.graphs.graph import ITEMSIZE, Graph, TensorInfo
+from monitors.graphs.shapes import real_inputs
 from monitors.pricing.kernels import Kernel, Plan
 from monitors.pricing.transposes import push_transposes
 from probes.calibration import COMPUTE_FAMILIES
@@ -203,9 +204,8 @@ def plan(graph: Graph, provider: Provider = Provider()) -> Plan:
     for out in ctx.outputs:
         reorder(out)
     if provider.host_copies:
-        weights = {t.name for t in graph.model.graph.initializer}
         kernels[:0] = [_memory("movement", ctx.info(x.name).nbytes, "MemcpyFromHost")
-                       for x in graph.model.graph.input if x.name not in weights]
+                       for x in real_inputs(graph.model.graph)]
         kernels += [_memory("movement", ctx.info(o).nbytes, "MemcpyToHost") for o in sorted(ctx.outputs)]
 
     return Plan(
