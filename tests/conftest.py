@@ -5,6 +5,8 @@ available to every test module here, not imported module by module."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from pathlib import Path
 
@@ -23,10 +25,26 @@ LIGHT_MODELS = Path(__import__("onnx").__file__).parent / "backend" / "test" / "
 
 
 @pytest.fixture(scope="session")
-def calibrated_dir(tmp_path_factory) -> Path:
-    """A state dir holding a real quick CPU calibration of this machine (read-only: copy before changing)."""
-    d = tmp_path_factory.mktemp("calibrated")
-    calibration_store.run_calibration(d, "cpu", quick=True)
+def calibrated_dir(tmp_path_factory, worker_id: str) -> Path:
+    """A state dir holding a real quick CPU calibration of this machine (read-only: copy before changing).
+
+    One for the whole run: the parallel workers of a run (pytest-xdist), and test.sh's two phases (its
+    DAOP_TEST_SHARED_DIR), share the first one's, under a lock, rather than each measure the CPUs while the
+    others load them."""
+    if os.environ.get("DAOP_TEST_SHARED_DIR"):
+        shared = Path(os.environ["DAOP_TEST_SHARED_DIR"])
+    elif worker_id != "master":
+        shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's own
+    else:
+        shared = tmp_path_factory.mktemp("shared")
+    d = shared / "calibrated"
+    with open(shared / "calibrated.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "calibrated.done").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            calibration_store.run_calibration(d, "cpu", quick=True)
+            (shared / "calibrated.done").touch()
     return d
 
 

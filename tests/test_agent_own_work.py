@@ -19,7 +19,7 @@ from models import mlp, mlp_near
 
 from agent.simulation.load import Load
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 TARGET_MS = 40.0  # at rest; `good` is lost at 110 ms (the 10 % margin, no privacy jitter): 2.75x
 
 

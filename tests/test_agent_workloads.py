@@ -20,7 +20,7 @@ from models import mlp_near
 from agent.simulation.app import AppProcess, Workload
 from agent.simulation.load import Load
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 DEV = "work1"
 
 

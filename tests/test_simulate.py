@@ -294,6 +294,7 @@ def run_cli(path: Path, calibrated_dir: Path, *extra: str, timeout: float = 120)
     return r.returncode, [json.loads(line) for line in r.stdout.splitlines() if line.strip()], r.stderr
 
 
+@pytest.mark.host
 def test_power_saver_scenario_passes_end_to_end_at_double_speed(calibrated_dir):
     rc, records, err = run_cli(REPO / "scenarios/power-saver.toml", calibrated_dir, "--speed", "2")
     assert rc == 0, (err[-3000:], records[-6:])
@@ -303,6 +304,7 @@ def test_power_saver_scenario_passes_end_to_end_at_double_speed(calibrated_dir):
     assert records[-1] == {"kind": "result", "passed": True, "failed": 0, "total": 4}
 
 
+@pytest.mark.host
 def test_a_wrong_expectation_fails_the_run_with_exit_1(tmp_path, calibrated_dir):
     text = scenario_text(extra='agent_config = "[monitors]\\nmin_dwell_s = 0.5\\n[policy]\\npower_saver = true"',
                          steps='[[steps]]\nt = 2\npower_profile = "low-power"')
@@ -348,6 +350,7 @@ VIDEO_CALL_HOST_BOUND = pytest.mark.xfail(reason="issue #26 (open): the app's re
 
 
 @pytest.mark.slow
+@pytest.mark.host
 @pytest.mark.parametrize("name", [pytest.param(n, marks=VIDEO_CALL_HOST_BOUND) if n == "video-call" else n
                                   for n in sorted(SHIPPED_SPEEDS)])
 def test_shipped_scenario_passes(name, calibrated_dir):
@@ -360,6 +363,7 @@ def test_shipped_scenario_passes(name, calibrated_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.host
 def test_one_scenario_on_hosts_nine_times_apart_in_speed_gives_the_same_events(calibrated_dir, tmp_path):
     """laptop-heats-up, as if on a host three times slower than this one and on one three times faster: each
     host's calibration says so (this one's, scaled), and the scenario's device speed takes both to the same

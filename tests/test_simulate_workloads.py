@@ -18,7 +18,7 @@ from models import mlp_near
 from agent.simulation.runner import run_scenario
 from agent.simulation.scenario import parse_scenario
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]
 
 
 def run(text: str, calibrated_dir: Path, tmp_path: Path) -> tuple[object, list[dict]]:

@@ -131,6 +131,7 @@ def wait_for_decision(browser, decision: str, timeout: float, held_s: float = 0.
 
 
 @pytest.mark.slow
+@pytest.mark.host
 def test_demo_page_blurs_locally_at_rest_in_the_cloud_under_load_and_locally_again(browser, client_site,
                                                                                   web_agent):
     browser.goto(f"{client_site}/demo/#{urlencode(web_agent.credentials.__dict__)}")
