@@ -174,9 +174,11 @@ class Sampler:
         own_pids: Callable[[], Collection[int]] | None = None,
     ) -> None:
         real_sys = os.path.realpath(sysfs_root) == "/sys"
-        real_proc = os.path.realpath(procfs_root) == "/proc"
         self.sys_files = KernelFiles(sysfs_root, stale_after_s=stale_after_s)
         self.proc_files = KernelFiles(procfs_root, stale_after_s=stale_after_s)
+        # the agent's own tree is taken out where the /proc read shows it: the real one, or a mirror of it (the
+        # real-agent tests' device /proc, tests/device_proc.py); a fixture tree without it has no own work
+        real_proc = os.path.realpath(procfs_root) == "/proc" or self.proc_files.exists(f"{os.getpid()}/stat")
         self.ppd = PpdWatcher() if (real_sys if ppd is None else ppd) else None
         self.thermal = ThermalProbe(self.sys_files)
         self.power_supply = PowerSupplyProbe(self.sys_files)

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from agent_harness import device
+from agent_harness import device, device_proc
 from broker import mosquitto, mosquitto_factory
 from browser import browser, client_site
 from cluster import rabbit_cluster
@@ -19,7 +19,7 @@ from cluster import rabbit_cluster
 from agent import calibration_store
 
 # the fixtures every test module may use
-__all__ = ["browser", "client_site", "device", "mosquitto", "mosquitto_factory", "rabbit_cluster"]
+__all__ = ["browser", "client_site", "device", "device_proc", "mosquitto", "mosquitto_factory", "rabbit_cluster"]
 
 LIGHT_MODELS = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
 

@@ -1,4 +1,7 @@
-"""The agent's own work is never load by others: real agent processes on this machine's real /proc.
+"""The agent's own work is never load by others: real agent processes on this machine's real processes.
+
+The agent reads a device /proc (device_proc.py): the real /proc of the test's processes, without the host's
+other tenants, whose load would be real contention to the agent and is not what these tests are about.
 
 A monitor's model is sized so that it meets `good` (< 100 ms) at rest with room to spare, and misses it
 at 3x: what the agent read when it took its own calibration for two other tasks wanting a CPU. Each test
@@ -15,6 +18,7 @@ import time
 
 import pytest
 from agent_harness import AgentProcess, client, exact_tiers, request_v5
+from device_proc import DeviceProc
 from models import mlp, mlp_near
 
 from agent.simulation.load import Load
@@ -34,22 +38,25 @@ async def collect_events(c, device: str, monitor: str, into: list[dict]) -> None
             into.append(json.loads(m.payload))
 
 
-async def others_turn_it_false(events: list[dict], timeout_s: float = 20.0) -> None:
+async def others_turn_it_false(events: list[dict], proc: DeviceProc, timeout_s: float = 20.0) -> None:
     """Four busy processes of others: the monitor must say false (it can move)."""
     with Load(detached=True) as load:
         load.set_busy(4)
+        proc.adopt(load.pids)
         deadline = time.monotonic() + timeout_s
         while not any(e["meetsRequirement"] is False for e in events):
             assert time.monotonic() < deadline, f"busy processes of others did not turn the monitor false: {events}"
             await asyncio.sleep(0.1)
 
 
-async def test_real_agent_first_monitor_and_background_full_calibration(state_dir, mosquitto, sensitive, tmp_path):
+async def test_real_agent_device_proc_first_monitor_and_background_full_calibration(state_dir, mosquitto, sensitive,
+                                                                                    device_proc, tmp_path):
     """A quick calibration found at start is redone in full in the background (about a minute of both
     cores). A monitor created meanwhile answers as the quiet device does, and no event comes until the
     calibration is over."""
     agent = AgentProcess(state_dir, mosquitto.url, device_id="own1", sample_interval=0.2,
-                         config=exact_tiers(tmp_path), extra=["--calibration", "full"])
+                         config=exact_tiers(tmp_path), extra=["--calibration", "full"],
+                           procfs_root=device_proc.root)
     agent.start()
     try:
         agent.wait_log("calibrating in full in the background", timeout=30)
@@ -60,23 +67,24 @@ async def test_real_agent_first_monitor_and_background_full_calibration(state_di
             created, _ = await request_v5(c, "own1", "monitors/create",
                                           {"onnx": sensitive, "requiredTier": "good", "monitor": "m"})
             assert created["data"]["meetsRequirement"] is True, (created, agent.log[-3000:])
-            await asyncio.to_thread(agent.wait_log, "full calibration ready", 240)
+            await asyncio.to_thread(agent.wait_log, "full calibration ready", 480)  # 212 s beside a busy process
             await asyncio.sleep(1.0)  # the samples right after it
             assert events == [], f"events during the agent's own calibration: {events}\n{agent.log[-4000:]}"
-            await others_turn_it_false(events)
+            await others_turn_it_false(events, device_proc)
             follow.cancel()
     finally:
         agent.stop()
 
 
-async def test_real_agent_pricing_large_graphs_moves_no_other_client_s_monitor(state_dir, mosquitto,
-                                                                                 sensitive, tmp_path):
+async def test_real_agent_device_proc_pricing_large_graphs_moves_no_other_client_s_monitor(
+        state_dir, mosquitto, sensitive, device_proc, tmp_path):
     """Another client keeps both estimator workers busy pricing a 30,000-node graph (about 2 s of CPU each)
     for ten seconds: the first client's monitor does not move."""
     # built before the agent starts: this process's own CPU would be others' load to the agent
     large = base64.b64encode(mlp([4] * 10_000, batch=1).SerializeToString()).decode()
     agent = AgentProcess(state_dir, mosquitto.url, device_id="own2", sample_interval=0.2,
-                         config=exact_tiers(tmp_path)).start()
+                         config=exact_tiers(tmp_path), procfs_root=device_proc.root).start()
+    agent.settle()
     try:
         async with (client(mosquitto.port) as c, client(mosquitto.port) as watcher, client(mosquitto.port) as a,
                     client(mosquitto.port) as b):
@@ -96,11 +104,11 @@ async def test_real_agent_pricing_large_graphs_moves_no_other_client_s_monitor(s
                 return done
 
             deadline = time.monotonic() + 10.0
-            priced = sum(await asyncio.gather(price_until(a, deadline), price_until(b, deadline)))
+            priced = await asyncio.gather(price_until(a, deadline), price_until(b, deadline))
             await asyncio.sleep(1.0)
-            assert priced >= 4
+            assert min(priced) >= 1, priced  # both kept asking until the deadline: how many fit is the host's speed
             assert events == [], f"the agent's own pricing moved a monitor: {events}\n{agent.log[-4000:]}"
-            await others_turn_it_false(events)
+            await others_turn_it_false(events, device_proc)
             follow.cancel()
     finally:
         agent.stop()

@@ -1,4 +1,7 @@
-"""An app's own workload on this machine's real /proc, with a real agent process and a real app process.
+"""An app's own workload on this machine, with a real agent process and a real app process.
+
+The agent reads a device /proc (device_proc.py): the real /proc of the test's processes, without the host's
+other tenants, whose load would be real contention to the agent and is not what these tests are about.
 
 The app runs its monitor's model through onnxruntime at 30 frames a second and says so (with its pid): the
 monitor stays met while it runs (its own run is not contention against itself), and turns false when others'
@@ -48,10 +51,10 @@ async def until(condition, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_real_agent_an_app_running_its_monitor_s_model_at_30_fps_is_not_its_own_contention(
-        state_dir, mosquitto, frame_model, tmp_path):
+async def test_real_agent_device_proc_an_app_running_its_monitor_s_model_at_30_fps_is_not_its_own_contention(
+        state_dir, mosquitto, frame_model, device_proc, tmp_path):
     agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV, sample_interval=1.0,
-                         config=exact_tiers(tmp_path)).start()
+                         config=exact_tiers(tmp_path), procfs_root=device_proc.root).start()
     onnx = base64.b64encode(frame_model.read_bytes()).decode()
     app = None
     try:
@@ -74,6 +77,7 @@ async def test_real_agent_an_app_running_its_monitor_s_model_at_30_fps_is_not_it
             assert events == [], f"the app's own run moved its monitor: {events}\n{agent.log[-4000:]}"
             with Load(detached=True) as game:  # others' load on top: four busy processes
                 game.set_busy(4)
+                device_proc.adopt(game.pids)
                 await until(lambda: any(e["meetsRequirement"] is False for e in events), 10.0,
                             f"others' load did not turn the monitor false: {events}")
             await until(lambda: events[-1]["meetsRequirement"] is True, 20.0, f"not met again: {events}")
@@ -84,12 +88,13 @@ async def test_real_agent_an_app_running_its_monitor_s_model_at_30_fps_is_not_it
         agent.stop()
 
 
-async def test_real_agent_an_app_s_reports_move_its_own_monitor_only(state_dir, mosquitto, frame_model, tmp_path):
+async def test_real_agent_device_proc_an_app_s_reports_move_its_own_monitor_only(state_dir, mosquitto, frame_model,
+                                                                                 device_proc, tmp_path):
     """The app measures its runs about five times as long as the agent estimates (something no signal shows):
     after a few reports its monitor says `excellent` is not met. Another monitor of the same model is not moved,
     and a report on a monitor that does not exist, or with nonsense in it, is refused."""
     agent = AgentProcess(state_dir, mosquitto.url, device_id=DEV, sample_interval=1.0,
-                         config=exact_tiers(tmp_path)).start()
+                         config=exact_tiers(tmp_path), procfs_root=device_proc.root).start()
     onnx = base64.b64encode(frame_model.read_bytes()).decode()
     try:
         async with client(mosquitto.port) as c, client(mosquitto.port) as watcher:

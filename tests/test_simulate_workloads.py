@@ -3,7 +3,7 @@ rates on the simulated device, telling the agent they run their monitor's worklo
 they measure. Models are sized on this machine (by its calibration) so that each requirement is met at rest
 with room, and missed when the scenario's load or slowdown comes; each scenario states its device (2 CPUs, one
 of the models at its sized latency), so that the app's runs are the device's on a faster or slower host. (The
-30 fps app met for a minute beside its own run and a game is the shipped video-call.toml, run in
+30 fps app met beside its own run and a game is the shipped video-call.toml, run in
 test_simulate.py.)
 """
 

@@ -32,15 +32,37 @@ REST_WAIT_S = 180
 BUSY_MACHINE_PERCENT = 30  # a machine this busy with other work (one busy process is 50 %) is not at rest
 
 
-@pytest.fixture
-def web_agent(state_dir: Path):
+def start_web_agent(state_dir: Path, procfs_root: Path | None = None) -> AgentProcess:
     port, web = two_ports()
-    agent = AgentProcess(state_dir, "mqtt://127.0.0.1:1", device_id=DEV,
+    agent = AgentProcess(state_dir, "mqtt://127.0.0.1:1", device_id=DEV, procfs_root=procfs_root,
                          extra=["--local-broker", str(port), "--web-port", str(web)]).start(timeout=60)
     agent.mqtt_url = f"mqtt://127.0.0.1:{port}"
     agent.credentials = read_web_credentials(state_dir)
+    return agent
+
+
+@pytest.fixture
+def web_agent(state_dir: Path):
+    agent = start_web_agent(state_dir)
     yield agent
     agent.stop()
+
+
+@pytest.fixture
+def web_agent_on_device_proc(state_dir: Path, device_proc):
+    """The agent on a device /proc (device_proc.py): the tests of load read the busy processes they start, not
+    the host's other work."""
+    agent = start_web_agent(state_dir, device_proc.root)
+    agent.device_proc = device_proc
+    yield agent
+    agent.stop()
+
+
+def others_busy(agent, count: int = BUSY) -> list[subprocess.Popen]:
+    """`count` busy processes of others on the agent's device."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    agent.device_proc.adopt([p.pid for p in busy])
+    return busy
 
 
 def monitors_on(agent) -> list[str]:
@@ -132,8 +154,9 @@ def wait_for_decision(browser, decision: str, timeout: float, held_s: float = 0.
 
 @pytest.mark.slow
 @pytest.mark.host
-def test_demo_page_blurs_locally_at_rest_in_the_cloud_under_load_and_locally_again(browser, client_site,
-                                                                                  web_agent):
+def test_demo_page_on_device_proc_blurs_locally_at_rest_in_the_cloud_under_load_and_locally_again(
+        browser, client_site, web_agent_on_device_proc):
+    web_agent = web_agent_on_device_proc
     browser.goto(f"{client_site}/demo/#{urlencode(web_agent.credentials.__dict__)}")
     # At rest, for longer than the monitor's minimum dwell (2 s), and with room under its cap of 6 changes a
     # minute for two more, so that neither holds the next change back. Generous: on a shared machine, other
@@ -154,7 +177,7 @@ def test_demo_page_blurs_locally_at_rest_in_the_cloud_under_load_and_locally_aga
     busy: list[subprocess.Popen] = []
     try:
         started_ms = browser.evaluate("Date.now()")  # the load's start, on the page's clock
-        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(BUSY)]
+        busy = others_busy(web_agent)
         cloud = wait_for_decision(browser, "cloud", timeout=30)
         to_cloud_s = (cloud["at"] - started_ms) / 1000
         assert browser.evaluate("document.getElementById('decision').textContent") == "blur: cloud"
