@@ -10,6 +10,8 @@ slowdown that no signal shows (a scenario's `hidden_slowdown`, for learning from
 is slower), after each run it spins on until the run has taken `scale` times as long: real CPU work, as a
 slower device would do. Below 1 (the device is faster), a run counts for `scale` of its time and for 1/scale
 frames, and the app runs that much less often: the host's CPU time per second is the device's either way.
+The same file holds the host's share (HostShare in device.py): a run that the host's other tenants slowed is
+reported at the time it would have taken without them, as the device's /proc counts its CPU time.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ for w in spec["workloads"]:
     work.append([w["name"], 1.0 / w["rate_hz"], session, feeds, 0.0])
 print("ready", flush=True)
 
-scale, read_at = 1.0, 0.0
+scale, host_share, read_at = 1.0, 1.0, 0.0
 start = time.perf_counter()
 due = [start] * len(work)
 while True:
@@ -77,7 +79,7 @@ while True:
     if now - read_at > 0.25:
         read_at = now
         try:
-            scale = max(0.01, float(open(scale_file).read()))
+            scale, host_share = (max(0.01, float(v)) for v in open(scale_file).read().split())
         except (OSError, ValueError):
             pass
         try:
@@ -94,7 +96,8 @@ while True:
     target = t0 + (time.perf_counter() - t0) * scale  # a slower device: spin on, as its longer run would
     while time.perf_counter() < target:
         pass
-    took = (time.perf_counter() - t0) * min(1.0, scale)  # a faster one: its run is shorter...
+    # a faster one: its run is shorter; and the host's other tenants, which slowed it, are not on the device
+    took = (time.perf_counter() - t0) * min(1.0, scale) / host_share
     credit += 1.0 / min(1.0, scale)  # ... and it runs 1/scale frames in the host CPU time of one
     frames = int(credit)
     work[i][4] = credit - frames

@@ -56,6 +56,7 @@ class SimulatedDevice:
         self.scale_file = root / "app-scale"  # what the apps emulate: the device's speed, its clock, a hidden slowdown
         self.app_speed = 1.0  # an app's run on the device at rest over the same run on the host (DeviceSpeed)
         self.hidden_slowdown = 1.0
+        self.host_share = 1.0  # how much longer a run takes here than it would without the host's other tenants
         self.conditions: dict[str, Any] = {"busy": 0, "memory_mb": 0, "steal": 0.0}
         self._ticks = {"busy": 0, "idle": 0, "steal": 0}
         self._host = HostShare(self.cpus)
@@ -159,8 +160,9 @@ class SimulatedDevice:
 
     def update_scale(self) -> None:
         """How long the apps' runs take on the device against the real CPU: its own speed, the capped clock, and
-        any hidden slowdown (agent/simulation/app.py)."""
-        write_atomic(self.scale_file, f"{self.app_speed * self.hidden_slowdown / self.clock_ratio:.4f}".encode())
+        any hidden slowdown; and the host's share, which their measured times are taken out of (app.py)."""
+        scale = self.app_speed * self.hidden_slowdown / self.clock_ratio
+        write_atomic(self.scale_file, f"{scale:.4f} {self.host_share:.4f}".encode())
 
     def update_proc(self) -> None:
         """/proc/stat, /proc/meminfo and PSI from the real load, the apps and the simulated steal time."""
@@ -174,6 +176,9 @@ class SimulatedDevice:
         app_ticks = sum(ticks for _, ticks in by_app)
         load_ticks = self.load.take_ticks()
         share = self._host.share(load_ticks + app_ticks)  # the host's other tenants are not on the device
+        if abs(share - self.host_share) > 0.02 * self.host_share:
+            self.host_share = share
+            self.update_scale()
         for app, ticks in by_app:
             self._app_ticks[app.pid] = self._app_ticks.get(app.pid, 0.0) + ticks * share
             self._write_app_proc(app)
