@@ -59,22 +59,13 @@ def cpu_seconds(procs: list) -> float:
     return total
 
 
-def rss_mb(procs: list) -> float:
+def memory_mb(procs: list, pss: bool = False) -> float:
+    """The processes' resident memory: RSS (shared pages counted in each) or PSS (shared pages split)."""
     total = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
-        except Exception:  # noqa: BLE001
-            pass
-    return total / 2**20
-
-
-def pss_mb(procs: list) -> float:
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_full_info().pss
-        except Exception:  # noqa: BLE001
+            total += p.memory_full_info().pss if pss else p.memory_info().rss
+        except Exception:  # noqa: BLE001 - a worker that just went away
             pass
     return total / 2**20
 
@@ -123,7 +114,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--monitors", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--settle", type=float, default=10.0, help="seconds to wait after registering")
+    ap.add_argument("--settle", type=float, default=70.0,
+                    help="seconds to wait after registering (past agent.estimate_idle_s: the agent at rest)")
     ap.add_argument("--sample-interval", type=float, default=1.0)
     ap.add_argument("--state-dir", type=Path, default=None, help="calibration to copy (default: the agent's)")
     args = ap.parse_args()
@@ -146,20 +138,21 @@ def main() -> None:
             procs = agent_processes(agent.pid)
             cpu0, wall0, switched = cpu_seconds(procs), time.monotonic(), switches(procs)
             wakeups = 0
-            peak = rss_mb(procs)
+            peak = memory_mb(procs)
             while time.monotonic() - wall0 < args.seconds:
                 time.sleep(1.0)
                 procs = agent_processes(agent.pid)  # a process born meanwhile: all its CPU time is in the window
                 after = switches(procs)
                 wakeups, switched = wakeups + new_switches(switched, after), after
-                peak = max(peak, rss_mb(procs))
+                peak = max(peak, memory_mb(procs))
             cpu = cpu_seconds(procs) - cpu0
             wall = time.monotonic() - wall0
 
             own = psutil.Process(agent.pid).memory_info().rss / 2**20
             print(f"idle with {args.monitors} monitors, sample interval {args.sample_interval:g} s, over {wall:.0f} s: "
                   f"CPU {100 * cpu / wall:.2f} % of one core; {wakeups / wall:.1f} wakeups/s; "
-                  f"memory {own:.0f} MB RSS (agent), {rss_mb(procs):.0f} MB RSS / {pss_mb(procs):.0f} MB PSS "
+                  f"memory {own:.0f} MB RSS (agent), {memory_mb(procs):.0f} MB RSS / "
+                  f"{memory_mb(procs, pss=True):.0f} MB PSS "
                   f"(its {len(procs)} processes), peak {peak:.0f} MB RSS")
             first, second = asyncio.run(time_estimates(port))
             print(f"estimate after the quiet period: {first:.2f} s; a second one right after: {second:.2f} s "
