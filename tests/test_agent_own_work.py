@@ -23,7 +23,7 @@ from models import mlp, mlp_near
 
 from agent.simulation.load import Load
 
-pytestmark = [pytest.mark.slow, pytest.mark.host]
+pytestmark = pytest.mark.slow
 TARGET_MS = 40.0  # at rest; `good` is lost at 110 ms (the 10 % margin, no privacy jitter): 2.75x
 
 
@@ -49,6 +49,7 @@ async def others_turn_it_false(events: list[dict], proc: DeviceProc, timeout_s: 
             await asyncio.sleep(0.1)
 
 
+@pytest.mark.host  # a full calibration in the background: beside the parallel tests it took 200 s and moved a monitor
 async def test_real_agent_device_proc_first_monitor_and_background_full_calibration(state_dir, mosquitto, sensitive,
                                                                                     device_proc, tmp_path):
     """A quick calibration found at start is redone in full in the background (about a minute of both

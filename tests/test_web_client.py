@@ -153,7 +153,6 @@ def wait_for_decision(browser, decision: str, timeout: float, held_s: float = 0.
 
 
 @pytest.mark.slow
-@pytest.mark.host
 def test_demo_page_on_device_proc_blurs_locally_at_rest_in_the_cloud_under_load_and_locally_again(
         browser, client_site, web_agent_on_device_proc):
     web_agent = web_agent_on_device_proc
