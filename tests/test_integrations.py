@@ -271,3 +271,13 @@ async def test_every_message_the_agent_sends_matches_the_asyncapi_document(state
         assert channels == sent_by_agent, sent_by_agent - channels
     finally:
         agent.stop()
+
+
+def test_asyncapi_ids_are_whole_strings_even_where_dollar_matches_before_a_final_newline():
+    """A monitor id with a final newline took the agent offline (issue #27); the document's Id must refuse it in a
+    validator built on Python's `re` too, whose `$` matches before a final newline."""
+    api = AsyncApi(REPO / "docs" / "asyncapi.yaml")
+    ids = api.validator({"$ref": "#/components/schemas/Id"})
+    assert ids.is_valid("blur_1-a") and ids.is_valid("x" * 64)
+    for bad in ("x\n", "x\r", "", "x" * 65, "a/b", "a+b", "é"):
+        assert not ids.is_valid(bad), repr(bad)
