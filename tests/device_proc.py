@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from agent.simulation.device import HostShare
-from agent.simulation.trees import write_atomic
+from agent.simulation.trees import stat_with_ticks, write_atomic
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -46,12 +46,6 @@ def _children(pid: int) -> list[int]:
     for tid in tids:
         found += [int(p) for p in (_read(f"/proc/{pid}/task/{tid}/children") or "").split()]
     return found
-
-
-def _stat_fields(text: str) -> tuple[str, list[str]] | None:
-    head, sep, rest = text.rpartition(")")
-    fields = rest.split()
-    return (head, fields) if sep and len(fields) > 14 else None
 
 
 class DeviceProc:
@@ -112,13 +106,13 @@ class DeviceProc:
         wanted: its run and its wait), the device's CPUs at most; what it wanted beyond that it waited."""
         now = time.monotonic()
         elapsed, self._at = now - self._at, now
-        stats: dict[int, tuple[str, list[str]]] = {}
+        stats: dict[int, str] = {}  # pid -> its real stat line
         runs: dict[tuple[int, str], tuple[int, int]] = {}  # (pid, tid) -> this interval's real run, wait (ns)
         for pid in self._pids():
-            parsed = _stat_fields(_read(f"/proc/{pid}/stat") or "")
-            if parsed is None:
+            text = _read(f"/proc/{pid}/stat")
+            if text is None:
                 continue
-            stats[pid] = parsed
+            stats[pid] = text
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -148,11 +142,11 @@ class DeviceProc:
         busy = total * fit * HZ / 1e9
         self._busy += busy
         self._idle += max(0.0, capacity_ns * HZ / 1e9 - busy)
-        for pid, (head, fields) in stats.items():
-            fields = list(fields)
-            fields[11:15] = [str(int(self._scaled.get(pid, 0.0))), "0", "0", "0"]  # utime stime cutime cstime
-            write_atomic(self.root / str(pid) / "stat", f"{head}) {' '.join(fields)}\n".encode())
-            self._mirror_tasks(pid)
+        for pid, text in stats.items():
+            stat = stat_with_ticks(text, self._scaled.get(pid, 0.0))
+            if stat is not None:
+                write_atomic(self.root / str(pid) / "stat", stat.encode())
+                self._mirror_tasks(pid)
         for gone in set(self._scaled) - set(stats):
             self._scaled.pop(gone)
             self._remove(gone)

@@ -53,15 +53,14 @@ def web_agent_on_device_proc(state_dir: Path, device_proc):
     """The agent on a device /proc (device_proc.py): the tests of load read the busy processes they start, not
     the host's other work."""
     agent = start_web_agent(state_dir, device_proc.root)
-    agent.device_proc = device_proc
     yield agent
     agent.stop()
 
 
-def others_busy(agent, count: int = BUSY) -> list[subprocess.Popen]:
-    """`count` busy processes of others on the agent's device."""
+def others_busy(device_proc, count: int = BUSY) -> list[subprocess.Popen]:
+    """`count` busy processes of others on the device /proc's device."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    agent.device_proc.adopt([p.pid for p in busy])
+    device_proc.adopt([p.pid for p in busy])
     return busy
 
 
@@ -154,7 +153,7 @@ def wait_for_decision(browser, decision: str, timeout: float, held_s: float = 0.
 
 @pytest.mark.slow
 def test_demo_page_on_device_proc_blurs_locally_at_rest_in_the_cloud_under_load_and_locally_again(
-        browser, client_site, web_agent_on_device_proc):
+        browser, client_site, web_agent_on_device_proc, device_proc):
     web_agent = web_agent_on_device_proc
     browser.goto(f"{client_site}/demo/#{urlencode(web_agent.credentials.__dict__)}")
     # At rest, for longer than the monitor's minimum dwell (2 s), and with room under its cap of 6 changes a
@@ -176,7 +175,7 @@ def test_demo_page_on_device_proc_blurs_locally_at_rest_in_the_cloud_under_load_
     busy: list[subprocess.Popen] = []
     try:
         started_ms = browser.evaluate("Date.now()")  # the load's start, on the page's clock
-        busy = others_busy(web_agent)
+        busy = others_busy(device_proc)
         cloud = wait_for_decision(browser, "cloud", timeout=30)
         to_cloud_s = (cloud["at"] - started_ms) / 1000
         assert browser.evaluate("document.getElementById('decision').textContent") == "blur: cloud"

@@ -124,7 +124,7 @@ def test_an_error_is_surfaced_on_the_monitor_created_without_await(browser, clie
 
 @pytest.mark.slow
 def test_the_explainers_monitor_on_device_proc_switches_to_the_cloud_under_load_and_back(
-        browser, client_site, web_agent_on_device_proc):
+        browser, client_site, web_agent_on_device_proc, device_proc):
     """The example's monitor code, on the blur segmenter at 512x288 (excellent at rest on the development
     machine, not with four busy processes): `e.meetsRequirement` false under load, true after."""
     web_agent = web_agent_on_device_proc
@@ -156,7 +156,7 @@ def test_the_explainers_monitor_on_device_proc_switches_to_the_cloud_under_load_
     busy: list[subprocess.Popen] = []
     try:
         started_ms = browser.evaluate("Date.now()")
-        busy = others_busy(web_agent)
+        busy = others_busy(device_proc)
         cloud = last_switch("cloud", timeout=30)
         assert browser.evaluate("window.example.monitor.meetsRequirement") is False
     finally:

@@ -13,7 +13,7 @@ from agent.simulation.app import AppProcess
 from agent.simulation.load import Load
 from agent.simulation.nvml import NVML_ERROR_GPU_IS_LOST, NVML_FUNCTIONS, NvmlStandin, StandinGpu
 from agent.simulation.scenario import BATTERY_KEYS, CPUFREQ_KEYS, Scenario
-from agent.simulation.trees import BUILDERS, write_atomic
+from agent.simulation.trees import BUILDERS, stat_with_ticks, write_atomic
 from monitors.errors import BadInput
 from monitors.speed.prediction import contention_factor
 from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, WarmRefresh
@@ -145,10 +145,9 @@ class SimulatedDevice:
             tids = [t for t in os.listdir(f"/proc/{app.pid}/task") if t.isdigit()]
         except OSError:
             return  # gone: the runner stops it
-        head, _, rest = real.rpartition(")")
-        fields = rest.split()
-        fields[11:15] = [str(int(self._app_ticks.get(app.pid, 0.0))), "0", "0", "0"]  # utime stime cutime cstime
-        write_atomic(where / "stat", f"{head}) {' '.join(fields)}\n".encode())
+        stat = stat_with_ticks(real, self._app_ticks.get(app.pid, 0.0))
+        if stat is not None:
+            write_atomic(where / "stat", stat.encode())
         for tid in tids:
             try:
                 schedstat = Path(f"/proc/{app.pid}/task/{tid}/schedstat").read_bytes()

@@ -145,6 +145,17 @@ class Tree:
         self.set_proc(f"{pid}/fdinfo/{fd}", "pos:\t0\nflags:\t02\nmnt_id:\t22\nino:\t77\n")
 
 
+def stat_with_ticks(real: str, ticks: float) -> str | None:
+    """A process's real /proc/<pid>/stat line with its CPU time as a simulated device counts it (utime; stime,
+    cutime and cstime 0); None where `real` is no stat line."""
+    head, sep, rest = real.rpartition(")")
+    fields = rest.split()
+    if not sep or len(fields) < 15:
+        return None
+    fields[11:15] = [str(int(ticks)), "0", "0", "0"]  # utime stime cutime cstime
+    return f"{head}) {' '.join(fields)}\n"
+
+
 def write_atomic(path: Path, data: bytes) -> Path:
     """Atomically, as the kernel's attributes change: a reader (an agent sampling the tree) sees the old value or
     the new one, never half of one."""
