@@ -23,7 +23,7 @@ from models import mlp_near
 from agent.simulation.app import AppProcess, Workload
 from agent.simulation.load import Load
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host]  # the app must keep its 30 fps on the real CPU
 DEV = "work1"
 
 
