@@ -1,8 +1,10 @@
-"""The agent and the calibration it finds: a quick one (left by `daop-agent estimate`) is redone in full."""
+"""The agent and the calibration it finds: a quick one (left by `daop-agent estimate`) is redone in full.
+
+The whole background calibration, with a monitor and estimates meanwhile, is the real-agent test in
+test_agent_own_work.py (a host test: it takes both cores for half a minute)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import psutil
@@ -24,28 +26,6 @@ async def estimate(port: int) -> dict:
         answer, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL}, timeout=60)
     assert answer["status"] == "ok", answer
     return answer["data"]
-
-
-async def test_a_quick_calibration_serves_until_the_agent_has_redone_it_in_full(state_dir, mosquitto, device,
-                                                                                tmp_path):
-    assert saved_calibration(state_dir).quick
-    agent = agent_on(device, state_dir, mosquitto.url, write_config(tmp_path, CONFIG), DEV)
-    agent.args += ["--calibration", "full"]  # the default, over the harness's "quick"
-    agent.start()
-    try:
-        agent.wait_log("calibrating in full in the background", timeout=30)
-        assert "full calibration ready" not in agent.log
-        during = await estimate(mosquitto.port)  # answered on the quick calibration meanwhile
-        assert "full calibration ready" not in agent.log
-        agent.wait_log("full calibration ready (cpu)", timeout=240)
-        progress = re.findall(r"calibrating cpu in full: (\d+)% \(", agent.log)  # the log says how far it is
-        assert len(progress) >= 8 and progress[-1] == "100", progress
-        after = await estimate(mosquitto.port)
-    finally:
-        assert agent.stop(timeout=20) == 0
-    cal = saved_calibration(state_dir)
-    assert cal is not None and not cal.quick and cal.refresh_reference
-    assert during["performanceTier"] and after["performanceTier"]
 
 
 async def test_a_stop_during_the_background_calibration_keeps_the_quick_one(state_dir, mosquitto, device,

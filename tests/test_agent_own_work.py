@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from agent_harness import AgentProcess, client, exact_tiers, request_v5
 from device_proc import DeviceProc
 from models import mlp, mlp_near
 
+from agent.calibration_store import load as load_calibration
 from agent.simulation.load import Load
 
 pytestmark = pytest.mark.slow
@@ -53,8 +55,10 @@ async def others_turn_it_false(events: list[dict], proc: DeviceProc, timeout_s: 
 async def test_real_agent_device_proc_first_monitor_and_background_full_calibration(state_dir, mosquitto, sensitive,
                                                                                     device_proc, tmp_path):
     """A quick calibration found at start is redone in full in the background (about a minute of both
-    cores). A monitor created meanwhile answers as the quiet device does, and no event comes until the
-    calibration is over."""
+    cores), its progress in the log. Meanwhile an estimate is answered on the quick calibration, and a monitor
+    created then answers as the quiet device does; no event comes until the calibration is over, and the full
+    one is saved."""
+    assert load_calibration(state_dir, "cpu").quick
     agent = AgentProcess(state_dir, mosquitto.url, device_id="own1", sample_interval=0.2,
                          config=exact_tiers(tmp_path), extra=["--calibration", "full"],
                            procfs_root=device_proc.root)
@@ -68,13 +72,21 @@ async def test_real_agent_device_proc_first_monitor_and_background_full_calibrat
             created, _ = await request_v5(c, "own1", "monitors/create",
                                           {"onnx": sensitive, "requiredTier": "good", "monitor": "m"})
             assert created["data"]["meetsRequirement"] is True, (created, agent.log[-3000:])
-            await asyncio.to_thread(agent.wait_log, "full calibration ready", 480)  # 212 s beside a busy process
+            during, _ = await request_v5(c, "own1", "estimate", {"onnx": sensitive}, timeout=60)
+            assert during["status"] == "ok" and "full calibration ready" not in agent.log, during
+            await asyncio.to_thread(agent.wait_log, "full calibration ready (cpu)", 480)  # 212 s beside a busy process
+            progress = re.findall(r"calibrating cpu in full: (\d+)% \(", agent.log)  # the log says how far it is
+            assert len(progress) >= 8 and progress[-1] == "100", progress
             await asyncio.sleep(1.0)  # the samples right after it
             assert events == [], f"events during the agent's own calibration: {events}\n{agent.log[-4000:]}"
+            after, _ = await request_v5(c, "own1", "estimate", {"onnx": sensitive}, timeout=60)
+            assert after["status"] == "ok", after
             await others_turn_it_false(events, device_proc)
             follow.cancel()
     finally:
-        agent.stop()
+        assert agent.stop(timeout=20) == 0
+    cal = load_calibration(state_dir, "cpu")
+    assert cal is not None and not cal.quick and cal.refresh_reference
 
 
 # The broker relaying the 15 MB requests is the test's child, so on the device /proc: beside the parallel tests its

@@ -73,21 +73,21 @@ workloads = [
   {{ name = "captions", model = "{captions}", required_rate = 1 }},
 ]"""
     text = f"""
-{laptop("a call's group", 24, blur, 15.0)}
+{laptop("a call's group", 16, blur, 15.0)}
 {group(0, 30)}
-{group(12, 60)}
+{group(8, 60)}
 [[apps]]
 monitor = "call"
 rates = {{ blur = 30, noise = 50, captions = 1 }}
 start = 1
-stop = 12
+stop = 8
 [[expect]]
 monitor = "call"
-holds = [2, 11.9]
+holds = [2, 7.9]
 meets = true
 [[expect]]
 monitor = "call"
-holds = [12.5, 24]
+holds = [8.5, 16]
 meets = false
 """
     outcome, records = run(text, calibrated_dir, tmp_path)
@@ -107,7 +107,7 @@ def test_harness_an_app_s_reports_correct_an_estimate_its_device_does_not_show(e
     frame = model(estimator, tmp_path, "frame", 10.0)
     deadline = 1.4 * 10.0
     text = f"""
-{laptop("learning from reports", 40, frame, 10.0)}
+{laptop("learning from reports", 32, frame, 10.0)}
 [[monitors]]
 id = "m"
 model = "{frame}"
@@ -116,7 +116,7 @@ required_deadline_ms = {deadline}
 monitor = "m"
 rate_hz = 10
 start = 2
-stop = 40
+stop = 32
 report = true
 hidden_slowdown = 2.0
 [[expect]]
@@ -125,7 +125,7 @@ event_within = [3, 20]
 meets = false
 [[expect]]
 monitor = "m"
-agrees = [22, 40]
+agrees = [22, 32]
 share = 0.9
 """
     outcome, records = run(text, calibrated_dir, tmp_path)
