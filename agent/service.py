@@ -58,7 +58,8 @@ class Agent:
         self.topics = Topics(cfg.base_topic)
         self.notifier = notifier or Notifier()
         self.pool = AnalysisPool(cfg.state_dir, cfg.estimate_workers, cfg.limits.estimate_timeout_s,
-                                 quick=cfg.calibration == "quick", memory_mb=cfg.limits.worker_memory_mb)
+                                 quick=cfg.calibration == "quick", memory_mb=cfg.limits.worker_memory_mb,
+                                 idle_s=cfg.estimate_idle_s)
         self.policy = PolicyGate(cfg.policy)
         self.speed = PresentSpeed(refresh.default_threads())  # onnxruntime's intra-op threads
         self.homeassistant = HomeAssistant(cfg.homeassistant, cfg.device_id, self.topics, version()) \
@@ -226,13 +227,13 @@ class Agent:
     # -- the present speed ----------------------------------------------------------------------------------------
 
     async def _start_refresh(self) -> None:
-        cal = await asyncio.to_thread(calibration_store.load, self.cfg.state_dir, "cpu")
-        if cal is None or not cal.refresh_reference:
+        reference = self.pool.facts.refresh_reference  # read in the calibration's process (agent/analysis.py)
+        if not reference:
             log.info("warm refresh off: the calibration has no reference measurement")
             self._refresh_on = False
             return
         self._refresh_on = True
-        self._reference = dict(cal.refresh_reference)
+        self._reference = dict(reference)
         self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s)
 
     async def _refresh_task(self) -> None:

@@ -43,12 +43,14 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import psutil
-from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:
+    import onnx
+    from onnx import TensorProto
 
 CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
@@ -76,6 +78,8 @@ HANDOFF_MB = 12.845
 def _layer(kind: str, i: int, x: str, channels: int,
            rng: np.random.Generator) -> tuple[list[onnx.NodeProto], TensorProto]:
     """One probe layer (a convolution and its Relu) reading `x`: nodes and weight."""
+    from onnx import helper, numpy_helper  # noqa: PLC0415 - onnx loads with the first refresh, not with the agent
+
     attrs: dict[str, Any]
     if kind == "conv":
         w, attrs = rng.standard_normal((channels, channels, 3, 3)) * 0.05, {"pads": [1, 1, 1, 1]}
@@ -90,6 +94,9 @@ def _layer(kind: str, i: int, x: str, channels: int,
 
 def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[bytes, dict[str, np.ndarray]]:
     """A probe graph (serialized ONNX) and its input, built in memory: `layers` in a chain."""
+    import onnx  # noqa: PLC0415 - onnx loads with the first refresh, not with the agent
+    from onnx import TensorProto, helper  # noqa: PLC0415 - (as above)
+
     rng = np.random.default_rng(0)
     shape = [1, channels, pixels, pixels]
     nodes: list[onnx.NodeProto] = []
