@@ -211,7 +211,8 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between device samples and monitor evaluations",
            f"{SAMPLE_INTERVAL_S[0]} to {SAMPLE_INTERVAL_S[1]}", flag="--sample-interval"),
     Option("agent", "refresh_interval_s", _NUMBER, Config.refresh_interval_s,
-           "warm-refresh probe (present speed) at least this often, in seconds", _POSITIVE),
+           "warm-refresh probe (present speed) period, in seconds; at rest it doubles up to 8x while the "
+           "state is unchanged", _POSITIVE),
     Option("agent", "sysfs_root", _STR, str(Config.sysfs_root), "the sysfs tree read (fixture trees, simulation)",
            flag="--sysfs-root"),
     Option("agent", "procfs_root", _STR, str(Config.procfs_root), "the procfs tree read", flag="--procfs-root"),

@@ -1,5 +1,6 @@
 """At rest, only the agent: the estimator's workers start when a request needs them and leave after a quiet
-period (`agent.estimate_idle_s`), and the agent's main process never loads what estimating needs.
+period (`agent.estimate_idle_s`), and the agent's main process never loads what estimating needs, nor what the
+warm refresh needs (it measures in a process of its own).
 
 Real processes throughout: the estimator's pool in this process on the session's calibration, and the real
 agent (`python -m agent run`) whose process tree is read from /proc. The idle period is short here (1 s);
@@ -9,7 +10,6 @@ nothing waits for it to pass by a fixed sleep, only for the log line or the proc
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -78,15 +78,6 @@ async def test_the_pool_starts_workers_for_a_call_and_they_leave_after_the_idle_
         pool.close()
 
 
-def without_refresh_reference(state_dir: Path) -> None:
-    """The warm refresh off: it runs onnxruntime in the agent's own process by design (probes/refresh.py, the
-    present speed is measured as an app runs a model), which would hide what this test looks for."""
-    path = state_dir / "calibration-cpu.json"
-    cal = json.loads(path.read_text())
-    cal["refresh_reference"] = {}
-    path.write_text(json.dumps(cal))
-
-
 async def estimate(port: int) -> dict:
     async with client(port) as c:
         answer, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL}, timeout=60)
@@ -104,7 +95,6 @@ async def create(port: int, monitor: str) -> None:
 @pytest.mark.slow
 async def test_an_agent_with_monitors_holds_no_estimator_at_rest_and_starts_it_for_a_request(
         state_dir, mosquitto, device, tmp_path):
-    without_refresh_reference(state_dir)
     config = write_config(tmp_path, f"[agent]\nestimate_idle_s = {IDLE_S}\n")
     agent = agent_on(device, state_dir, mosquitto.url, config, DEV).start()
     try:
@@ -116,10 +106,12 @@ async def test_an_agent_with_monitors_holds_no_estimator_at_rest_and_starts_it_f
     try:
         assert agent.proc is not None
         pid = agent.proc.pid
-        assert "warm refresh off" in agent.log
+        assert "warm refresh off" not in agent.log
+        agent.wait_log("warm refresh: ", timeout=60)  # the warm refresh is on, and has run
         agent.wait_log("estimator workers left", timeout=60)
         await wait_until(lambda: heavy_helpers(pid) == {}, "something estimating stays resident at rest")
-        assert heavy_libraries(pid) == set(), "the agent's own process never loads what estimating needs"
+        assert heavy_libraries(pid) == set(), \
+            "the agent's own process never loads what estimating or the warm refresh needs"
 
         started = agent.log.count("estimator workers starting")
         assert (await estimate(mosquitto.port))["performanceTier"]
