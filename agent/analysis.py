@@ -250,12 +250,13 @@ class AnalysisPool:
         self._idle: asyncio.TimerHandle | None = None  # the workers' leaving, once no call is under way
         self._tasks: set[asyncio.Task[None]] = set()
         # The agent's own work, which the present speed must not read as load: calls under way in the
-        # workers, a calibration or the workers' start under way, when the last one ended, and a count that
+        # workers, a calibration or the workers' start or exit under way, when the last one ended, and a count that
         # moves whenever work starts or ends (a warm refresh that saw it move overlapped the agent's own work).
         self._in_flight = 0
         self.calibrating = False
         self.starting = False
-        self.calibration_ended_at = -math.inf  # a calibration's end, or the workers' start's
+        self.leaving = 0  # pools whose workers are exiting
+        self.calibration_ended_at = -math.inf  # a calibration's end, or the workers' start's or exit's
         self.work_marker = 0
 
     @property
@@ -297,14 +298,14 @@ class AnalysisPool:
 
     @property
     def busy(self) -> bool:
-        """The agent's own heavy work is under way: a calibration, the workers' start, or calls in the workers."""
-        return self.calibrating or self.starting or self._in_flight > 0
+        """The agent's own heavy work is under way: a calibration, the workers' start or exit, or calls in them."""
+        return self.calibrating or self.starting or self.leaving > 0 or self._in_flight > 0
 
     def calibrated_since(self, t: float) -> bool:
-        """A calibration, or the workers' start (a second of every core: onnxruntime and the estimator loaded),
-        ran at some time after monotonic `t`: a sample over that time read the agent's own work, not the
+        """A calibration, or the workers' start (a second of every core: onnxruntime and the estimator loaded) or
+        exit, ran at some time after monotonic `t`: a sample over that time read the agent's own work, not the
         device's load."""
-        return self.calibrating or self.starting or self.calibration_ended_at >= t
+        return self.calibrating or self.starting or self.leaving > 0 or self.calibration_ended_at >= t
 
     async def _aside_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn` in a process of its own (calibration: a minute of CPU), killed when the call is
@@ -363,8 +364,22 @@ class AnalysisPool:
             self._idle = None
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False)
-            log.debug("estimator workers left")
+            task = asyncio.get_running_loop().create_task(self._leave(pool))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _leave(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        """The workers' exit, until they are reaped: the agent's own work, as their start is (every worker tearing
+        down onnxruntime at once, read as others' load, once turned a monitor false for two seconds)."""
+        self.leaving += 1
+        self.work_marker += 1
+        try:
+            await asyncio.to_thread(pool.shutdown, wait=True)
+        finally:
+            self.leaving -= 1
+            self.calibration_ended_at = time.monotonic()
+            self.work_marker += 1
+        log.debug("estimator workers left")
 
     def _quiet(self) -> None:
         self._idle = None

@@ -68,8 +68,10 @@ async def test_the_pool_starts_workers_for_a_call_and_they_leave_after_the_idle_
         assert pool.alive == 2, "a call started the workers (and they are still there right after it)"
         assert pool.calibrated_since(before), "their start is the agent's own work for the sampler"
         assert not pool.calibrated_since(time.monotonic()) and not pool.busy
-        await wait_until(lambda: pool.alive == 0, "the workers did not leave after the idle period")
+        idle_from = time.monotonic()
+        await wait_until(lambda: pool.alive == 0 and not pool.busy, "the workers did not leave after the idle period")
         assert pool._pool is None
+        assert pool.calibrated_since(idle_from), "a sample over their exit read the agent's own work"
         again = await pool.analyse("onnx", mlp([64, 128, 10], batch=1).SerializeToString(), {}, Limits())
         assert again == first, "a call after they left starts them again, and is answered the same"
         rebased = await pool.rebase([first.plans])
