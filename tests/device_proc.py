@@ -37,6 +37,12 @@ def _read(path: str) -> str | None:
         return None
 
 
+def parent_pid(stat: str) -> int | None:
+    """The ppid field of a /proc/<pid>/stat line (after the command name, which may hold parentheses)."""
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     try:
@@ -62,6 +68,8 @@ class DeviceProc:
         self._last: dict[tuple[int, str], tuple[int, int]] = {}  # (pid, tid) -> real schedstat run, wait (ns)
         self._device: dict[tuple[int, str], tuple[float, float]] = {}  # (pid, tid) -> device run, wait (ns)
         self._scaled: dict[int, float] = {}  # pid -> its CPU time on the device (ticks), as its stat says
+        self._reaped: dict[int, float] = {}  # pid -> its ended descendants' device time (ticks): its cutime
+        self._parent: dict[int, int | None] = {}  # pid -> its parent's pid, from its last stat line
         self._counting = False
         self._busy = 0.0
         self._idle = 0.0
@@ -142,14 +150,17 @@ class DeviceProc:
         busy = total * fit * HZ / 1e9
         self._busy += busy
         self._idle += max(0.0, capacity_ns * HZ / 1e9 - busy)
+        gone = (set(self._scaled) | set(self._parent)) - set(stats)
+        for pid in gone:
+            self._reap(pid, gone, set(stats))
         for pid, text in stats.items():
-            stat = stat_with_ticks(text, self._scaled.get(pid, 0.0))
+            self._parent[pid] = parent_pid(text)
+            stat = stat_with_ticks(text, self._scaled.get(pid, 0.0), self._reaped.get(pid, 0.0))
             if stat is not None:
                 write_atomic(self.root / str(pid) / "stat", stat.encode())
                 self._mirror_tasks(pid)
-        for gone in set(self._scaled) - set(stats):
-            self._scaled.pop(gone)
-            self._remove(gone)
+        for pid in gone:
+            self._remove(pid)
         for key in set(self._last) - set(runs):
             self._last.pop(key)
             self._device.pop(key, None)
@@ -171,6 +182,16 @@ class DeviceProc:
             text = _read(f"/proc/{name}")
             if text is not None:
                 write_atomic(self.root / name, text.encode())
+
+    def _reap(self, pid: int, gone: set[int], alive: set[int]) -> None:
+        """An ended process's time goes to its nearest living ancestor's cutime, as the kernel adds a reaped
+        child's: the tree's total goes on without a drop (a drop would read the agent's own work as others')."""
+        ticks = self._scaled.pop(pid, 0.0) + self._reaped.pop(pid, 0.0)
+        ancestor = self._parent.pop(pid, None)
+        while ancestor in gone:
+            ancestor = self._parent.get(ancestor)
+        if ancestor in alive:
+            self._reaped[ancestor] = self._reaped.get(ancestor, 0.0) + ticks
 
     def _mirror_tasks(self, pid: int) -> None:
         """Each thread's device run and wait (schedstat) and the children it forked (real)."""

@@ -145,14 +145,15 @@ class Tree:
         self.set_proc(f"{pid}/fdinfo/{fd}", "pos:\t0\nflags:\t02\nmnt_id:\t22\nino:\t77\n")
 
 
-def stat_with_ticks(real: str, ticks: float) -> str | None:
-    """A process's real /proc/<pid>/stat line with its CPU time as a simulated device counts it (utime; stime,
-    cutime and cstime 0); None where `real` is no stat line."""
+def stat_with_ticks(real: str, ticks: float, children_ticks: float = 0.0) -> str | None:
+    """A process's real /proc/<pid>/stat line with its CPU time as a simulated device counts it (utime; stime
+    and cstime 0; cutime: its ended children's, as the kernel adds them when it reaps them); None where `real`
+    is no stat line."""
     head, sep, rest = real.rpartition(")")
     fields = rest.split()
     if not sep or len(fields) < 15:
         return None
-    fields[11:15] = [str(int(ticks)), "0", "0", "0"]  # utime stime cutime cstime
+    fields[11:15] = [str(int(ticks)), "0", str(int(children_ticks)), "0"]  # utime stime cutime cstime
     return f"{head}) {' '.join(fields)}\n"
 
 
