@@ -12,12 +12,13 @@ from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
 from probes.tree_cpu import TreeCpu
 
-# A parent that starts a child busy for `busy` seconds, reaps it, then idles: the shape of the agent's
+# A parent that starts a child busy for 0.6 s of CPU, reaps it, then idles: the shape of the agent's
 # calibration and estimator processes, which come and go.
-PARENT = """
+CHILD = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+PARENT = f"""
 import subprocess, sys, time
 time.sleep(0.3)
-subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"])
+subprocess.run([sys.executable, "-c", "{CHILD}"])
 time.sleep(30)
 """
 
