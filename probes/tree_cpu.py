@@ -7,7 +7,8 @@ workload here, whose use the agent takes out for that app's own monitor only (do
 
 CPU time is utime + stime + cutime + cstime summed over the tree's live processes (/proc/<pid>/stat): a
 child that ends is reaped by its parent inside the tree, which adds its time to the parent's cutime and
-cstime, so the total goes on without a jump. Waits come from each thread's scheduler statistics
+cstime, so the total goes on without a jump (one reaped while the tree is read, after its parent was: the tree is
+read again). Waits come from each thread's scheduler statistics
 (/proc/<pid>/task/<tid>/schedstat: time on a CPU, time waiting on a run queue, in ns), as a delta per
 thread; a thread that ends between two readings loses its last part. Which processes belong to a tree is
 probes/process_tree.py's to say.
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
+
+READ_TRIES = 3  # readings of the tree in one read(), while a process vanishes between its listing and its stat
 
 
 @dataclass(frozen=True)
@@ -65,18 +68,13 @@ class TreeCpu:
 
     def read(self) -> TreeUsage | None:
         """The tree's use since the previous call; None on the first call (a delta needs two)."""
-        pids = sorted(self.tree.members())
-        ticks = 0
-        waits: dict[int, int] = {}
-        for pid in pids:
-            times = parse_stat_times(self.proc.read_raw(f"{pid}/stat", 4096) or "")
-            if times is None:
-                continue  # gone since the listing: its time is in its parent's cutime once reaped
-            ticks += times
-            for tid in self.proc.listdir(f"{pid}/task"):
-                wait = parse_schedstat_wait_ns(self.proc.read_raw(f"{pid}/task/{tid}/schedstat", 256) or "")
-                if wait is not None and tid.isdigit():
-                    waits[int(tid)] = wait
+        # A process reaped between the listing and its reading: its parent, read before, did not yet hold its
+        # time in cutime, and the tree's total would drop by all it ever used (that interval's own work read as
+        # others'). Read again: the parent holds it now.
+        for _ in range(READ_TRIES):
+            pids, ticks, waits, complete = self._read_once()
+            if complete:
+                break
         before, self._cpu_ticks = self._cpu_ticks, ticks
         previous, self._waits = self._waits, waits
         if before is None:
@@ -84,3 +82,22 @@ class TreeCpu:
         wait_ns = sum(max(0, w - previous.get(tid, 0)) for tid, w in waits.items()) if waits else None
         return TreeUsage(cpu_s=max(0, ticks - before) / self._ticks_per_s,
                         wait_s=None if wait_ns is None else wait_ns / 1e9, processes=len(pids))
+
+    def _read_once(self) -> tuple[list[int], int, dict[int, int], bool]:
+        """The tree's processes, their CPU ticks summed, each thread's wait (ns), and whether every process
+        listed could be read."""
+        pids = sorted(self.tree.members())
+        ticks = 0
+        waits: dict[int, int] = {}
+        complete = True
+        for pid in pids:
+            times = parse_stat_times(self.proc.read_raw(f"{pid}/stat", 4096) or "")
+            if times is None:
+                complete = False  # gone since the listing
+                continue
+            ticks += times
+            for tid in self.proc.listdir(f"{pid}/task"):
+                wait = parse_schedstat_wait_ns(self.proc.read_raw(f"{pid}/task/{tid}/schedstat", 256) or "")
+                if wait is not None and tid.isdigit():
+                    waits[int(tid)] = wait
+        return pids, ticks, waits, complete

@@ -150,17 +150,18 @@ class DeviceProc:
         busy = total * fit * HZ / 1e9
         self._busy += busy
         self._idle += max(0.0, capacity_ns * HZ / 1e9 - busy)
+        # An ended process leaves before its parent's cutime holds its time, as the kernel's reaping looks to a
+        # reader: never both at once, which a reader would count twice.
         gone = (set(self._scaled) | set(self._parent)) - set(stats)
         for pid in gone:
             self._reap(pid, gone, set(stats))
+            self._remove(pid)
         for pid, text in stats.items():
             self._parent[pid] = parent_pid(text)
             stat = stat_with_ticks(text, self._scaled.get(pid, 0.0), self._reaped.get(pid, 0.0))
             if stat is not None:
                 write_atomic(self.root / str(pid) / "stat", stat.encode())
                 self._mirror_tasks(pid)
-        for pid in gone:
-            self._remove(pid)
         for key in set(self._last) - set(runs):
             self._last.pop(key)
             self._device.pop(key, None)

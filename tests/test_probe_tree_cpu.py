@@ -143,6 +143,39 @@ def test_fixture_proc_tree_cpu_goes_on_without_a_jump_when_a_child_is_reaped(tmp
     assert usage.wait_s == pytest.approx(0.0) and usage.processes == 1
 
 
+class ReapedWhileRead(KernelFiles):
+    """A fixture /proc where the child is reaped just as its stat is about to be read: after the agent's stat was
+    read without it in cutime, before the child's (the kernel does both at once, at any moment)."""
+
+    def __init__(self, root: Path, proc: FakeProc) -> None:
+        super().__init__(root)
+        self.fake = proc
+        self.armed = False
+
+    def read_raw(self, rel: str, max_bytes: int = 65536) -> str | None:
+        if self.armed and rel == "101/stat":
+            self.armed = False
+            self.fake.remove(101)
+            self.fake.process(100, utime=500 + HZ, cutime=1000 + 2 * HZ)
+        return super().read_raw(rel, max_bytes)
+
+
+def test_fixture_proc_tree_cpu_a_child_reaped_while_the_tree_is_read_is_not_a_drop(tmp_path):
+    """The agent's second of work in that interval is its own, not lost in a drop of the child's whole life
+    (which would read it as others' load), and the child's time is not counted twice after."""
+    proc = FakeProc(tmp_path)
+    proc.process(100, utime=500, children=(101,))
+    proc.process(101, utime=1000 + 2 * HZ)
+    files = ReapedWhileRead(tmp_path, proc)
+    tree = TreeCpu(files, ProcessTree(files, 100))
+    assert tree.read() is None
+    proc.process(100, utime=500 + HZ, children=(101,))  # the agent's own second
+    files.armed = True
+    assert tree.read().cpu_s == pytest.approx(1.0)
+    proc.process(100, utime=500 + 2 * HZ, cutime=1000 + 2 * HZ)
+    assert tree.read().cpu_s == pytest.approx(1.0)
+
+
 def test_fixture_proc_tree_garbage_and_vanished_processes_are_skipped(tmp_path):
     proc = FakeProc(tmp_path)
     proc.process(100, utime=100, children=(101, 102))
