@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -63,11 +64,10 @@ def test_real_proc_busy_child_and_grandchild_are_the_agent_s_own_work():
 
 
 @pytest.mark.host
-@pytest.mark.xfail(reason="issue #26 (open): reads the real host's run queue, which other work on a shared host "
-                          "fills (2.75 read as others' in a CI run of stop 27)", strict=False)
 def test_real_proc_own_threads_waiting_for_a_cpu_are_not_others_on_the_run_queue():
     """Three busy processes on this machine's cores, first the agent's own (children), then others'
-    (detached, outside its tree): the run queue reads them as others' only in the second case."""
+    (detached, outside its tree): the run queue reads them as others' only in the second case. Whatever else
+    runs on the host is in both readings: three rounds interleaved, their medians compared."""
     def runnable_others(detached: bool) -> float:
         with Load(detached=detached) as load:
             load.set_busy(3)
@@ -79,9 +79,10 @@ def test_real_proc_own_threads_waiting_for_a_cpu_are_not_others_on_the_run_queue
                 probe.tick()
             return probe.sample().runnable_others
 
-    own, others = runnable_others(False), runnable_others(True)
-    assert others >= 2.0  # three busy processes of others, and what else runs here
-    assert own <= others - 1.5  # the agent's own three are left out
+    rounds = [(runnable_others(False), runnable_others(True)) for _ in range(3)]
+    own, others = (statistics.median(r[i] for r in rounds) for i in (0, 1))
+    assert others >= 2.0, rounds  # three busy processes of others, and what else runs here
+    assert own <= others - 1.5, rounds  # the agent's own three are left out
 
 
 @pytest.mark.host

@@ -343,16 +343,9 @@ def test_every_shipped_scenario_runs_in_ci():
     assert {p.stem for p in SCENARIOS} == set(SHIPPED_SPEEDS) | {"laptop-heats-up", "power-saver"}
 
 
-# The video call's app runs its model for real, and its runs slow with the host's own load, which the simulated
-# device cannot take out: its agreement with its app fell to 96 of 113 s (90 % needed) in a CI run of stop 27.
-VIDEO_CALL_HOST_BOUND = pytest.mark.xfail(reason="issue #26 (open): the app's real runs follow the host's load",
-                                          strict=False)
-
-
 @pytest.mark.slow
 @pytest.mark.host
-@pytest.mark.parametrize("name", [pytest.param(n, marks=VIDEO_CALL_HOST_BOUND) if n == "video-call" else n
-                                  for n in sorted(SHIPPED_SPEEDS)])
+@pytest.mark.parametrize("name", sorted(SHIPPED_SPEEDS))
 def test_shipped_scenario_passes(name, calibrated_dir):
     outcome, records = simulate(REPO / "scenarios" / f"{name}.toml", calibrated_dir, SHIPPED_SPEEDS[name])
     assert outcome.passed, failed(outcome, records)

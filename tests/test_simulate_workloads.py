@@ -98,8 +98,6 @@ meets = false
     assert registered[1]["workloads"]["blur"] is False
 
 
-@pytest.mark.xfail(reason="issue #26 (open): the app's real runs follow the host's load (no event in a CI run "
-                          "of stop 27)", strict=False)
 def test_harness_an_app_s_reports_correct_an_estimate_its_device_does_not_show(estimator, calibrated_dir, tmp_path):
     """The app's runs take twice what the agent estimates (a slowdown no signal shows, emulated by the app).
     The monitor (each run within 1.4x the estimate) says met until the app's reports have taught the agent,

@@ -297,6 +297,7 @@ class PresentSpeed:
         self.held = False  # the latest state was sampled during the agent's own heavy work
         self._fresh = False  # the speed has been made from a state free of the agent's own work
         self.fresh_states = 0  # states observed free of the agent's own work
+        self._own_reading: tuple[Speed, DeviceState] | None = None  # the last reading during the agent's own work
         self._refreshing = False  # a refresh is due, running, or its reading not yet paired
         self._reading: tuple[float | None, float | None, float, float] | None = None  # slowdown, handoff, at, CPU s
 
@@ -315,10 +316,16 @@ class PresentSpeed:
             self.policy.observe(state, now)
         if not own_work or not self._fresh:
             # Without a state free of the agent's own work yet (at start-up it calibrates first), price the one
-            # it has by CPU time, from which the probe takes the agent's tree out exactly; not by the run queue,
-            # where its short-lived threads (a calibration's sessions) read as others' tasks waiting.
+            # it has by CPU time, from which the probe takes the agent's tree out; not by the run queue, where
+            # its short-lived threads (a calibration's sessions) read as others' tasks waiting. Where its
+            # processes start and end, one interval's split of the CPU time can still misread them as others':
+            # during its own work, a slower reading counts once the next sample agrees.
             priced = state if not own_work else replace(state, cpu=replace(state.cpu, runnable_others=None))
-            self.speed = speed_from_state(priced, self.threads, self.measurement, self.measurement_current)
+            speed = speed_from_state(priced, self.threads, self.measurement, self.measurement_current)
+            last, self._own_reading = self._own_reading, (speed, priced) if own_work else None
+            if last is not None and last[0].cpu < speed.cpu:
+                speed, priced = last
+            self.speed = speed
             self.priced = priced
             self._fresh = self._fresh or not own_work
         return self.speed
