@@ -68,7 +68,7 @@ PARENT_WATCH_S = 1.0
 def die_with_agent(agent_pid: int) -> None:
     """In a helper process: die with the agent, even when it is killed with SIGKILL outside systemd.
 
-    PR_SET_PDEATHSIG fires when this process's parent (the agent: the pools spawn their processes) dies; a thread
+    PR_SET_PDEATHSIG fires when this process's parent (the forkserver, itself gone with the agent) dies; a thread
     that watches the agent's pid is the fallback where prctl is missing or the parent outlives the agent."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -182,28 +182,14 @@ def _ping() -> tuple[str, ...]:
     return tuple(_ESTIMATOR.devices)
 
 
-@dataclass(frozen=True)
-class EstimatorFacts:
-    """What the agent's main process needs to know of the estimator, read in a process of its own (the main
-    process never loads onnxruntime or the importers for them)."""
-
-    devices: tuple[str, ...]  # the calibrated devices
-    providers: tuple[str, ...]  # onnxruntime's execution providers here (placement of WebNN context options)
-    refresh_reference: dict[str, float]  # the CPU calibration's quiet-device reading for the warm refresh ({}: none)
-
-
-def ensure_calibrated(state_dir: Path, quick: bool) -> EstimatorFacts:
+def ensure_calibrated(state_dir: Path, quick: bool) -> tuple[str, ...]:
     """Load (and, the first time, run) the calibrations, saying how far in the log; done once before the workers
     start."""
     from agent import calibration_store  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
-    from probes import providers  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
     progress = LogProgress(f"no calibration yet: calibrating{' (quick)' if quick else ''}")
-    devices = calibration_store.load_estimator(Path(state_dir), device="auto", quick=quick, progress=progress,
-                                               announce=None).devices
-    cpu = calibration_store.load(state_dir, "cpu")
-    return EstimatorFacts(devices, tuple(providers.installed()),
-                          dict(cpu.refresh_reference) if cpu is not None and cpu.refresh_reference else {})
+    return calibration_store.load_estimator(Path(state_dir), device="auto", quick=quick, progress=progress,
+                                            announce=None).devices
 
 
 def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
@@ -227,52 +213,33 @@ def run_full_calibrations(state_dir: Path) -> None:
 
 
 class AnalysisPool:
-    """Worker processes that import and plan graphs, each call bounded in time.
-
-    At rest none are alive: the first call after a quiet period starts them (spawned afresh, each loading the
-    estimator, untimed), and they leave once `idle_s` has passed without a call. The agent's main process
-    learns what it needs of the estimator (EstimatorFacts) from the calibration's own process, so it never
-    loads onnxruntime or the graph importers for estimating."""
+    """Worker processes that import and plan graphs, each call bounded in time."""
 
     def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0, quick: bool = False,
-                 memory_mb: int | None = None, idle_s: float = 60.0) -> None:
+                 memory_mb: int | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.memory_mb = memory_mb  # each worker's address space (RLIMIT_AS), None: unbounded
-        self.facts = EstimatorFacts((), (), {})
+        self.devices: tuple[str, ...] = ()
         self.workers = workers
         self.timeout_s = timeout_s
-        self.idle_s = idle_s  # the workers leave after this long without a call
         self.quick = quick  # a first calibration made here is quick
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None  # None: no workers alive
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._aside: concurrent.futures.ProcessPoolExecutor | None = None  # a calibration's own process
-        self._ready = asyncio.Event()  # the estimator is calibrated: requests can be answered
-        self._up = asyncio.Event()  # the workers of `_pool` have loaded the estimator
-        self._idle: asyncio.TimerHandle | None = None  # the workers' leaving, once no call is under way
+        self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         # The agent's own work, which the present speed must not read as load: calls under way in the
-        # workers, a calibration or the workers' start or exit under way, when the last one ended, and a count that
-        # moves whenever work starts or ends (a warm refresh that saw it move overlapped the agent's own work).
+        # workers, a calibration under way, when the last one ended, and a count that moves whenever work
+        # starts or ends (a warm refresh that saw it move overlapped the agent's own work).
         self._in_flight = 0
         self.calibrating = False
-        self.starting = False
-        self.leaving = 0  # pools whose workers are exiting
-        self.calibration_ended_at = -math.inf  # a calibration's end, or the workers' start's or exit's
+        self.calibration_ended_at = -math.inf
         self.work_marker = 0
 
-    @property
-    def devices(self) -> tuple[str, ...]:
-        return self.facts.devices
-
-    @property
-    def alive(self) -> int:
-        """Worker processes alive now (0 at rest)."""
-        pool = self._pool
-        return 0 if pool is None else sum(p.is_alive() for p in list(getattr(pool, "_processes", {}).values()))
-
     def _new_pool(self, workers: int | None = None, init: bool = True) -> concurrent.futures.ProcessPoolExecutor:
-        # spawn: each worker is a fresh interpreter, not a fork of this process with its event loop and threads,
-        # and no forkserver stays behind holding onnxruntime between requests (docs/performance.md).
-        ctx = multiprocessing.get_context("spawn")
+        # forkserver: workers are forked from a clean process, not from this
+        # one with its event loop and threads.
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["agent.analysis", "monitors.graphs.importer", "monitors.pricing.estimator"])
         if init:
             return concurrent.futures.ProcessPoolExecutor(
                 max_workers=workers or self.workers, mp_context=ctx, initializer=_init_worker,
@@ -281,31 +248,35 @@ class AnalysisPool:
                                                       initializer=_init_aside, initargs=(os.getpid(),))
 
     async def start(self) -> None:
-        """Calibrate if needed; the workers start with the first call."""
-        self.facts = await self._aside_call(ensure_calibrated, self.state_dir, self.quick)
+        """Calibrate if needed, then start the workers."""
+        await self._aside_call(ensure_calibrated, self.state_dir, self.quick)
+        self._pool = self._new_pool()
+        self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
         self._ready.set()
 
     async def calibrate_in_full(self) -> tuple[str, ...]:
         """Redo quick calibrations in full while the workers go on answering on them; then
-        the next call starts fresh workers that load the full ones. Returns the devices redone."""
+        switch to fresh workers that load the full ones. Returns the devices redone."""
         redone = await self._aside_call(quick_calibrations, self.state_dir)
         if redone:
             log.info("the %s calibration is quick: calibrating in full in the background", ", ".join(redone))
             await self._aside_call(run_full_calibrations, self.state_dir)
-            self.facts = await self._aside_call(ensure_calibrated, self.state_dir, False)
-            self._retire()  # calls under way there finish on the quick calibration
+            old, self._pool = self._pool, self._new_pool()
+            if old is not None:
+                old.shutdown(wait=False)  # calls under way there finish on the quick calibration
+            self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
+            self._ready.set()  # (a restart meanwhile waits on `old`'s readiness, which no longer counts)
         return redone
 
     @property
     def busy(self) -> bool:
-        """The agent's own heavy work is under way: a calibration, the workers' start or exit, or calls in them."""
-        return self.calibrating or self.starting or self.leaving > 0 or self._in_flight > 0
+        """The agent's own heavy work is under way: a calibration, or calls in the workers."""
+        return self.calibrating or self._in_flight > 0
 
     def calibrated_since(self, t: float) -> bool:
-        """A calibration, or the workers' start (a second of every core: onnxruntime and the estimator loaded) or
-        exit, ran at some time after monotonic `t`: a sample over that time read the agent's own work, not the
-        device's load."""
-        return self.calibrating or self.starting or self.leaving > 0 or self.calibration_ended_at >= t
+        """A calibration ran at some time after monotonic `t`: a sample over that time read the agent's
+        own work, not the device's load."""
+        return self.calibrating or self.calibration_ended_at >= t
 
     async def _aside_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn` in a process of its own (calibration: a minute of CPU), killed when the call is
@@ -322,70 +293,14 @@ class AnalysisPool:
             self.calibration_ended_at = time.monotonic()
             self.work_marker += 1
 
-    def _open(self) -> None:
-        """Start workers: they load the estimator before any call is timed."""
-        pool = self._pool = self._new_pool()
-        self._up.clear()
-        task = asyncio.get_running_loop().create_task(self._warm(pool))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _warm(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
-        """Wait for fresh workers to load the estimator before timing requests again: every worker at once, so
-        that their start is one stretch of the agent's own work."""
-        self.starting = True
-        self.work_marker += 1
-        log.debug("estimator workers starting")
+        """Wait for fresh workers to load the estimator before timing requests again."""
         try:
-            await asyncio.gather(*(asyncio.wrap_future(pool.submit(_ping)) for _ in range(self.workers)))
+            await asyncio.wrap_future(pool.submit(_ping))
         except Exception as exc:  # noqa: BLE001 - the next request reports it
             log.warning("estimator workers failed to start: %s", exc)
-        finally:
-            self.starting = False
-            self.calibration_ended_at = time.monotonic()
-            self.work_marker += 1
         if self._pool is pool:
-            self._up.set()
-
-    async def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
-        """The workers, started when none are alive; after a start or a restart, once they are up (untimed)."""
-        while True:
-            if self._pool is None:
-                self._open()
-            pool = self._pool
-            await self._up.wait()
-            if pool is self._pool and pool is not None:
-                return pool
-
-    def _retire(self) -> None:
-        """The workers leave (calls under way in them finish first); the next call starts new ones."""
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            task = asyncio.get_running_loop().create_task(self._leave(pool))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _leave(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
-        """The workers' exit, until they are reaped: the agent's own work, as their start is (every worker tearing
-        down onnxruntime at once, read as others' load, once turned a monitor false for two seconds)."""
-        self.leaving += 1
-        self.work_marker += 1
-        try:
-            await asyncio.to_thread(pool.shutdown, wait=True)
-        finally:
-            self.leaving -= 1
-            self.calibration_ended_at = time.monotonic()
-            self.work_marker += 1
-        log.debug("estimator workers left")
-
-    def _quiet(self) -> None:
-        self._idle = None
-        if self._in_flight == 0:
-            log.debug("estimator workers idle for %g s", self.idle_s)
-            self._retire()
+            self._ready.set()
 
     @property
     def ready(self) -> bool:
@@ -412,22 +327,18 @@ class AnalysisPool:
     async def _call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
         self._in_flight += 1
         self.work_marker += 1
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
         try:
             return await self._call_bounded(fn, *args, timeout_s=timeout_s or self.timeout_s)
         finally:
             self._in_flight -= 1
             self.work_marker += 1
-            if self._in_flight == 0 and self._pool is not None:
-                if self._idle is not None:
-                    self._idle.cancel()
-                self._idle = asyncio.get_running_loop().call_later(self.idle_s, self._quiet)
 
     async def _call_bounded(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         for attempt in range(2):
-            pool = await self._workers()
+            await self._ready.wait()  # after a restart: until the new workers are up, untimed
+            pool = self._pool
+            if pool is None:
+                raise EngineError("the estimator is not started")
             future = pool.submit(fn, *args)
             try:
                 return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
@@ -448,17 +359,17 @@ class AnalysisPool:
         raise EngineError("unreachable")
 
     def _restart(self, pool: concurrent.futures.ProcessPoolExecutor, why: str) -> None:
-        """Kill the workers (a call that overran its time cannot be stopped otherwise) and start fresh ones."""
         if self._pool is not pool:
             return  # someone else restarted it already
         log.warning("restarting estimator workers: %s", why)
         _kill(pool)
-        self._open()
+        self._ready.clear()
+        self._pool = self._new_pool()
+        task = asyncio.get_running_loop().create_task(self._warm(self._pool))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
         for pool in (self._pool, self._aside):
             if pool is not None:
                 _kill(pool)

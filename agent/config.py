@@ -129,7 +129,6 @@ class Config:
     sysfs_root: Path = Path("/sys")
     procfs_root: Path = Path("/proc")
     estimate_workers: int = 2
-    estimate_idle_s: float = 60.0  # the estimator's workers leave after this long without a request
     rules: MonitorRules = field(default_factory=MonitorRules)
     limits: AgentLimits = field(default_factory=AgentLimits)
     policy: Policy = field(default_factory=Policy)
@@ -211,16 +210,12 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between device samples and monitor evaluations",
            f"{SAMPLE_INTERVAL_S[0]} to {SAMPLE_INTERVAL_S[1]}", flag="--sample-interval"),
     Option("agent", "refresh_interval_s", _NUMBER, Config.refresh_interval_s,
-           "warm-refresh probe (present speed) period, in seconds; at rest it doubles up to 8x while the "
-           "state is unchanged", _POSITIVE),
+           "warm-refresh probe (present speed) at least this often, in seconds", _POSITIVE),
     Option("agent", "sysfs_root", _STR, str(Config.sysfs_root), "the sysfs tree read (fixture trees, simulation)",
            flag="--sysfs-root"),
     Option("agent", "procfs_root", _STR, str(Config.procfs_root), "the procfs tree read", flag="--procfs-root"),
     Option("agent", "estimate_workers", _INT, Config.estimate_workers,
            "worker processes that import and plan request graphs", f"{ESTIMATE_WORKERS[0]} to {ESTIMATE_WORKERS[1]}"),
-    Option("agent", "estimate_idle_s", _NUMBER, Config.estimate_idle_s,
-           "the estimator's workers leave after this many seconds without a request; the next one starts them "
-           "again (about a second)", _POSITIVE),
     Option("agent", "local_broker", _BOOL, Config.local_broker,
            "true: start a private Mosquitto on 127.0.0.1 for this agent, stopped on exit", flag="--local-broker"),
     Option("agent", "web_port", _INT, Config.web_port,
@@ -460,7 +455,6 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     if not ESTIMATE_WORKERS[0] <= workers <= ESTIMATE_WORKERS[1]:
         raise BadInput(f"config: agent.estimate_workers must be {ESTIMATE_WORKERS[0]} to {ESTIMATE_WORKERS[1]}, "
                        f"not {workers}")
-    idle = _positive(float(_take(a, "agent", "estimate_idle_s")), "agent.estimate_idle_s")
     local_broker = bool(over.get("local_broker", _take(a, "agent", "local_broker")))
     web_port = over.get("web_port", _take(a, "agent", "web_port"))
     if web_port is not None and not 0 <= web_port < 65536:
@@ -555,7 +549,6 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
                   metrics=_metrics(_table(data, "metrics")), device_id=device_id, state_dir=state_dir,
                   brokers=brokers, sample_interval_s=sample,
                   refresh_interval_s=refresh, sysfs_root=sysfs, procfs_root=procfs, estimate_workers=workers,
-                  estimate_idle_s=idle,
                   rules=rules, limits=limits, policy=policy, local_broker=local_broker, web_port=web_port,
                   calibration=calibration, privacy=_privacy(_table(data, "privacy")))
 

@@ -4,7 +4,7 @@ One asyncio TaskGroup holds them:
 
 - sampling: the device state every sample interval (the Sampler runs in a thread: NVML or a battery read
   may block), turned into the present speed (monitors/speed/present.py), with run-queue snapshots between;
-- warm refresh: a few micro-benchmarks when the present speed says one is due, in a process of its own;
+- warm refresh: a few micro-benchmarks when the present speed says one is due, in a thread;
 - evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py);
 - the estimator: calibration the first time (in a process of its own), then graph import and pricing in
   worker processes with a time limit (agent/analysis.py);
@@ -44,9 +44,6 @@ from probes.state import TICKS_PER_SAMPLE, DeviceState, Sampler
 log = logging.getLogger("daop-agent")
 
 MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
-# At rest the warm refresh's period doubles after each refresh that no state change called for, up to this many
-# times agent.refresh_interval_s (each one starts a process: onnxruntime and two sessions); a change resets it.
-REFRESH_BACKOFF = 8
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
 STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 
@@ -61,8 +58,7 @@ class Agent:
         self.topics = Topics(cfg.base_topic)
         self.notifier = notifier or Notifier()
         self.pool = AnalysisPool(cfg.state_dir, cfg.estimate_workers, cfg.limits.estimate_timeout_s,
-                                 quick=cfg.calibration == "quick", memory_mb=cfg.limits.worker_memory_mb,
-                                 idle_s=cfg.estimate_idle_s)
+                                 quick=cfg.calibration == "quick", memory_mb=cfg.limits.worker_memory_mb)
         self.policy = PolicyGate(cfg.policy)
         self.speed = PresentSpeed(refresh.default_threads())  # onnxruntime's intra-op threads
         self.homeassistant = HomeAssistant(cfg.homeassistant, cfg.device_id, self.topics, version()) \
@@ -87,7 +83,7 @@ class Agent:
         self.registry.on_storage = self._storage_changed
         self.registry.on_running = self._track
         self._sampler = sampler
-        self._measure = measure  # None: each refresh in a process of its own (refresh.measure_apart)
+        self._measure = measure or refresh.measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device
         self._veto: str | None = None
         self.speeds: list[Speed] = [self.speed.speed]  # what the monitors are priced at now (MonitorRegistry.speeds)
@@ -230,15 +226,14 @@ class Agent:
     # -- the present speed ----------------------------------------------------------------------------------------
 
     async def _start_refresh(self) -> None:
-        reference = self.pool.facts.refresh_reference  # read in the calibration's process (agent/analysis.py)
-        if not reference:
+        cal = await asyncio.to_thread(calibration_store.load, self.cfg.state_dir, "cpu")
+        if cal is None or not cal.refresh_reference:
             log.info("warm refresh off: the calibration has no reference measurement")
             self._refresh_on = False
             return
         self._refresh_on = True
-        self._reference = dict(reference)
-        self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s,
-                                          max_period_s=REFRESH_BACKOFF * self.cfg.refresh_interval_s)
+        self._reference = dict(cal.refresh_reference)
+        self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s)
 
     async def _refresh_task(self) -> None:
         """Warm refresh when the present speed says one is due, beside sampling (a refresh under load is slow).
@@ -251,7 +246,7 @@ class Agent:
             cpu0 = time.process_time()
             marker = self.pool.work_marker
             try:
-                result, cpu_s = await self._measure_once(cpu0)
+                result = await asyncio.to_thread(self._measure)
             except Exception as exc:  # noqa: BLE001 - a failed probe is a missing reading, not a crash
                 log.warning("warm refresh failed: %s", exc)
                 if self.metrics is not None:
@@ -262,18 +257,9 @@ class Agent:
                 log.debug("warm refresh dropped: it overlapped the agent's own work")
                 self.speed.refresh_failed(started)
                 continue
-            slowdown = refresh.slowdown(result, self._reference)
-            self.speed.refreshed(slowdown, refresh.handoff_ms_per_mb(result, self._reference), started, cpu_s)
-            log.debug("warm refresh: %s slower than calibrated, %.2f s of CPU",
-                      "unknown" if slowdown is None else f"{slowdown:.2f}x", cpu_s)
-
-    async def _measure_once(self, cpu0: float) -> tuple[dict[str, float], float]:
-        """One refresh's measurement and its CPU seconds: in a process of its own, so that onnxruntime never
-        stays in the agent's memory (its start is charged too); or the stand-in `measure`, in a thread."""
-        if self._measure is None:
-            return await refresh.measure_apart()
-        result = await asyncio.to_thread(self._measure)
-        return result, time.process_time() - cpu0
+            self.speed.refreshed(refresh.slowdown(result, self._reference),
+                                 refresh.handoff_ms_per_mb(result, self._reference), started,
+                                 time.process_time() - cpu0)
 
     async def _sample_task(self, sampler: Sampler) -> None:
         interval = self.cfg.sample_interval_s

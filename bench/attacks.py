@@ -1,6 +1,6 @@
 """Attacks on the agent's intake, replayed against a real Mosquitto and the real agent process (issue #21).
 
-Each attack is sent while the agent's whole process tree (the agent, its estimator workers) is
+Each attack is sent while the agent's whole process tree (the agent, its forkserver, estimator workers) is
 sampled every 50 ms from /proc (RSS summed over the tree: shared pages counted in each process, so an upper
 bound on what a cgroup is charged); a well-formed `estimate` is timed while the attack is in hand (sent 0.5 s
 after it began) and again after it. Prints, per attack, the peak tree RSS, both times, and the answers' codes.

@@ -7,7 +7,7 @@ flips every device's platform profile (low-power <-> balanced): each monitor cha
 through the broker to the backend. Printed, per broker:
 
 - start: seconds until every agent is connected; memory per agent: RSS and PSS of each agent's process tree
-  (agent, estimator worker while one is alive), median and max; CPU per agent over the flipping phase;
+  (agent, forkserver, estimator worker), median and max; CPU per agent over the flipping phase;
 - events: sent (one per device and flip), received by the backend, lost; end-to-end latency from the flip to
   the backend's hand, p50/p95 (it includes the wait for the agent's next sample: up to S seconds);
 - the cluster only: node 0, where the agents are, is SIGKILLed at the middle flip; the agents fail over;

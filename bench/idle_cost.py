@@ -1,22 +1,15 @@
 """Benchmark: the agent's CPU and memory at idle with 100 monitors.
 
-    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--settle 70] [--sample-interval 1.0]
+    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--sample-interval 1.0]
 
 Starts the real agent (`daop-agent run --local-broker`) on this machine's
 real /sys and /proc with a private copy of the calibration, registers
 `--monitors` monitors (the blur segmenter at a range of frame sizes, each
 its own graph), lets it settle, then measures for `--seconds`: CPU time of
-the agent's process tree (the private Mosquitto left out; processes that
-come and go counted, and those that ended through their parent's children
-times) as a share of one core, its resident memory (RSS and PSS), and its
-wakeups (context switches of its threads) per second. The idle cost includes
-the device sampling every sample interval, the monitors' re-evaluation on
-each sample and the periodic warm refresh.
-
-The estimator's workers leave after `agent.estimate_idle_s` (60 s) without a
-request: a `--settle` longer than that measures the agent at rest. Last, one
-`estimate` request is timed (the first after the quiet period: it starts the
-workers again) and a second right after it.
+the agent and its estimator workers (the private Mosquitto left out) as a
+share of one core, and their resident memory. The idle cost includes the
+device sampling every sample interval, the monitors' re-evaluation on each
+sample and the periodic warm refresh.
 """
 
 from __future__ import annotations
@@ -47,58 +40,24 @@ def agent_processes(pid: int) -> list:
 
 
 def cpu_seconds(procs: list) -> float:
-    """CPU time of the processes and of their children that have ended (an estimator worker that left is
-    in its parent's children times; Mosquitto runs to the end, so it is in none)."""
     total = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
+            total += t.user + t.system
         except Exception:  # noqa: BLE001 - a worker that just went away
             pass
     return total
 
 
-def memory_mb(procs: list, pss: bool = False) -> float:
-    """The processes' resident memory: RSS (shared pages counted in each) or PSS (shared pages split)."""
+def rss_mb(procs: list) -> float:
     total = 0
     for p in procs:
         try:
-            total += p.memory_full_info().pss if pss else p.memory_info().rss
-        except Exception:  # noqa: BLE001 - a worker that just went away
+            total += p.memory_info().rss
+        except Exception:  # noqa: BLE001
             pass
     return total / 2**20
-
-
-def switches(procs: list) -> dict[tuple[int, int], int]:
-    """Context switches so far of every thread of the processes, by (pid, tid): each one a wakeup."""
-    out = {}
-    for p in procs:
-        try:
-            for tid in os.listdir(f"/proc/{p.pid}/task"):
-                with open(f"/proc/{p.pid}/task/{tid}/status") as f:
-                    n = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
-                out[(p.pid, int(tid))] = n
-        except OSError:  # a process or thread that just went away
-            pass
-    return out
-
-
-def new_switches(before: dict[tuple[int, int], int], after: dict[tuple[int, int], int]) -> int:
-    """The switches between two readings; a thread born meanwhile counts whole, one gone loses its last part."""
-    return sum(n - before.get(key, 0) for key, n in after.items())
-
-
-async def time_estimates(port: int) -> tuple[float, float]:
-    """Seconds to the answer of one `estimate` (the first after the quiet period), and of a second right after."""
-    model = REPO / "examples" / "blur_segmenter.webnn"
-    async with DaopClient(f"mqtt://127.0.0.1:{port}", "idle", timeout_s=120) as daop:
-        times = []
-        for _ in range(2):
-            t0 = time.monotonic()
-            await daop.estimate(model, inputs={"image": ((1, 480, 640, 3), None)})
-            times.append(time.monotonic() - t0)
-    return times[0], times[1]
 
 
 async def register(port: int, count: int) -> None:
@@ -114,8 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--monitors", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--settle", type=float, default=70.0,
-                    help="seconds to wait after registering (past agent.estimate_idle_s: the agent at rest)")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds to wait after registering")
     ap.add_argument("--sample-interval", type=float, default=1.0)
     ap.add_argument("--state-dir", type=Path, default=None, help="calibration to copy (default: the agent's)")
     args = ap.parse_args()
@@ -136,27 +94,18 @@ def main() -> None:
             print(f"{args.monitors} monitors registered in {time.monotonic() - t0:.1f} s; settling {args.settle:g} s")
             time.sleep(args.settle)
             procs = agent_processes(agent.pid)
-            cpu0, wall0, switched = cpu_seconds(procs), time.monotonic(), switches(procs)
-            wakeups = 0
-            peak = memory_mb(procs)
+            cpu0, wall0 = cpu_seconds(procs), time.monotonic()
+            peak = rss_mb(procs)
             while time.monotonic() - wall0 < args.seconds:
                 time.sleep(1.0)
-                procs = agent_processes(agent.pid)  # a process born meanwhile: all its CPU time is in the window
-                after = switches(procs)
-                wakeups, switched = wakeups + new_switches(switched, after), after
-                peak = max(peak, memory_mb(procs))
+                peak = max(peak, rss_mb(procs))
             cpu = cpu_seconds(procs) - cpu0
             wall = time.monotonic() - wall0
 
             own = psutil.Process(agent.pid).memory_info().rss / 2**20
             print(f"idle with {args.monitors} monitors, sample interval {args.sample_interval:g} s, over {wall:.0f} s: "
-                  f"CPU {100 * cpu / wall:.2f} % of one core; {wakeups / wall:.1f} wakeups/s; "
-                  f"memory {own:.0f} MB RSS (agent), {memory_mb(procs):.0f} MB RSS / "
-                  f"{memory_mb(procs, pss=True):.0f} MB PSS "
-                  f"(its {len(procs)} processes), peak {peak:.0f} MB RSS")
-            first, second = asyncio.run(time_estimates(port))
-            print(f"estimate after the quiet period: {first:.2f} s; a second one right after: {second:.2f} s "
-                  f"({len(agent_processes(agent.pid))} processes now)")
+                  f"CPU {100 * cpu / wall:.2f} % of one core ({len(procs)} processes: agent + estimator workers); "
+                  f"memory {own:.0f} MB (agent), {rss_mb(procs):.0f} MB with workers, peak {peak:.0f} MB")
         finally:
             stop_agent(agent)
 

@@ -29,10 +29,7 @@ waits: that penalty depends on the machine's scheduler and hypervisor, and a
 constant fitted on one machine read 27-55 % high on another
 (docs/device-state.md).
 
-The agent runs each refresh in a short-lived process of its own (`measure_apart`, `python -m
-probes.refresh`), so that onnxruntime never stays in its memory between refreshes; the process is a child
-of the agent, so the sampler counts its CPU as the agent's own (probes/tree_cpu.py). In one process the
-sessions are created once and cached; one refresh runs until the process
+The sessions are created once and cached; one refresh runs until the process
 has used `CPU_BUDGET_S` of CPU (so it lasts longer when the probe gets less
 of a core, and sees more slices), or `MAX_WALL_S` has passed.
 
@@ -41,22 +38,17 @@ When to refresh is monitors/speed/refresh_policy.py's to say.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import onnx
 import psutil
-
-if TYPE_CHECKING:
-    import onnx
-    from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
@@ -79,15 +71,11 @@ HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS = 3, 32, 112
 # MB of activations the cost model's plan says the handoff probe writes per run (Plan.written_mb; a test
 # checks it), so that its extra time converts to the same ms per MB the estimator charges a model.
 HANDOFF_MB = 12.845
-APART_TIMEOUT_S = 30.0  # a refresh's own process: its start (onnxruntime, two sessions) and one measurement
-CPU_S_KEY = "cpu_s"  # what the refresh's own process reports beside the measurement: its whole CPU
 
 
 def _layer(kind: str, i: int, x: str, channels: int,
            rng: np.random.Generator) -> tuple[list[onnx.NodeProto], TensorProto]:
     """One probe layer (a convolution and its Relu) reading `x`: nodes and weight."""
-    from onnx import helper, numpy_helper  # noqa: PLC0415 - onnx loads with the first refresh, not with the agent
-
     attrs: dict[str, Any]
     if kind == "conv":
         w, attrs = rng.standard_normal((channels, channels, 3, 3)) * 0.05, {"pads": [1, 1, 1, 1]}
@@ -102,9 +90,6 @@ def _layer(kind: str, i: int, x: str, channels: int,
 
 def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[bytes, dict[str, np.ndarray]]:
     """A probe graph (serialized ONNX) and its input, built in memory: `layers` in a chain."""
-    import onnx  # noqa: PLC0415 - onnx loads with the first refresh, not with the agent
-    from onnx import TensorProto, helper  # noqa: PLC0415 - (as above)
-
     rng = np.random.default_rng(0)
     shape = [1, channels, pixels, pixels]
     nodes: list[onnx.NodeProto] = []
@@ -242,42 +227,3 @@ def handoff_ms_per_mb(now: dict[str, float], reference: dict[str, float]) -> flo
         return None
     extra = 1000.0 * (a - ratio * b) / HANDOFF_MB
     return max(0.0, extra) if math.isfinite(extra) else None
-
-
-async def measure_apart(timeout_s: float = APART_TIMEOUT_S) -> tuple[dict[str, float], float]:
-    """One measurement in a process of its own, started for it and gone after it: the measurement (as
-    `measure()`'s) and the CPU seconds that process used in all (its start included). A process that fails,
-    says nothing readable or overruns `timeout_s` (then killed) raises RuntimeError."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "probes.refresh",
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise RuntimeError(f"the refresh process ran past {timeout_s:g} s") from None
-    except BaseException:  # cancelled (the agent stops): the process goes with it
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        raise
-    if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-        raise RuntimeError(f"the refresh process exited with {proc.returncode}: {tail[0]}")
-    try:
-        reading = {str(k): float(v) for k, v in json.loads(out).items()}
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise RuntimeError(f"the refresh process said nothing readable: {exc}") from None
-    cpu_s = reading.pop(CPU_S_KEY, 0.0)
-    return reading, cpu_s
-
-
-def main() -> None:
-    """`python -m probes.refresh`: one measurement as JSON on stdout, with this process's whole CPU."""
-    reading = measure()
-    reading[CPU_S_KEY] = time.process_time()
-    json.dump(reading, sys.stdout)
-
-
-if __name__ == "__main__":
-    main()

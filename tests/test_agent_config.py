@@ -164,7 +164,6 @@ BAD = [
     ("[limits]\nmax_nodez = 5\n", "unknown limit"),
     ("[limits]\nmax_request_bytes = 2000\nmax_pending_bytes = 1000\n", "at least limits.max_request_bytes"),
     ("[limits]\nworker_memory_mb = 300\n", "worker_memory_mb must be at least 512"),
-    ("[agent]\nestimate_idle_s = 0\n", "agent.estimate_idle_s must be positive"),
     ("[policy]\nbattery_floor_percent = 150\n", "0 to 100"),
     ("[privacy]\njitter = 0.5\n", "jitter must be 0 to 0.25"),
     ("[privacy]\nperiod_s = 0\n", "period_s must be positive"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -180,21 +179,3 @@ def test_slowdown_without_a_common_probe_is_none():
     assert slowdown(old_format, quiet) is None
     assert slowdown({LOCKSTEP_KEY: float("nan")}, quiet) is None
     assert slowdown({LOCKSTEP_KEY: 0.0}, quiet) is None
-
-
-async def test_measure_apart_measures_in_a_process_of_its_own_and_charges_its_start():
-    """The agent's refresh: the same measurement as `measure()`, in a child process; this process never loads
-    onnxruntime for it, and the CPU reported covers the child's start (onnxruntime, two sessions)."""
-    loaded_before = "onnxruntime" in sys.modules
-    reading, cpu_s = await asyncio.wait_for(refresh.measure_apart(), 120)
-    assert set(reading) == {LOCKSTEP_KEY, HANDOFF_KEY, "threads", "cores"}
-    assert 0 < reading[LOCKSTEP_KEY] < 1.0 and 0 < reading[HANDOFF_KEY] < 1.0
-    assert reading["threads"] == refresh.default_threads() and reading["cores"] == os.cpu_count()
-    assert cpu_s > refresh.CPU_BUDGET_S, "the child's whole CPU, its start and the measurement's budget"
-    assert ("onnxruntime" in sys.modules) == loaded_before
-
-
-async def test_measure_apart_reports_a_failing_process(monkeypatch):
-    monkeypatch.setattr(sys, "executable", "/bin/false")
-    with pytest.raises(RuntimeError, match="exited with 1"):
-        await refresh.measure_apart()

@@ -37,7 +37,7 @@ def real_probe() -> CpuProbe:
 
 @pytest.mark.host
 def test_real_proc_busy_child_and_grandchild_are_the_agent_s_own_work():
-    """A calibration or an estimator worker is a child (or a grandchild, through a helper of its own) of the
+    """A calibration or an estimator worker is a child (or, through the forkserver, a grandchild) of the
     agent: its CPU time counts as the agent's own, not as load by others."""
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     parent = subprocess.Popen([sys.executable, "-c", GRANDCHILD], stdout=subprocess.PIPE)

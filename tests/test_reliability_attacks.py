@@ -2,7 +2,7 @@
 
 The attacks are bench/attacks.py's (the figures in docs/reliability.md come from there). After each one the
 agent must still be running, answer a well-formed request, have lost no monitor (their retained states keep
-their seq), and its whole process tree (agent, estimator workers), its RSS read from /proc every 50 ms, must
+their seq), and its whole process tree (agent, forkserver, workers), its RSS read from /proc every 50 ms, must
 have stayed under the systemd unit's MemoryMax (read from systemd/daop-agent.service: one ceiling for the unit,
 the docs and these tests), and the agent process itself under AGENT_CEILING (docs/reliability.md).
 """
@@ -196,7 +196,7 @@ def test_kill_9_leaves_no_orphan_helper_processes_and_loses_no_monitor(attacked)
     assert agent.proc is not None
     before = asyncio.run(monitor_states(broker.port))
     helpers = psutil.Process(agent.proc.pid).children(recursive=True)
-    assert helpers, "the agent has helper processes (estimator workers)"
+    assert helpers, "the agent has helper processes (forkserver, estimator workers)"
     agent.kill()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
