@@ -91,9 +91,10 @@ class TreeCpu:
         waits: dict[int, int] = {}
         complete = True
         for pid in pids:
-            times = parse_stat_times(self.proc.read_raw(f"{pid}/stat", 4096) or "")
+            text = self.proc.read_raw(f"{pid}/stat", 4096)
+            complete = complete and text is not None  # else gone since the listing
+            times = parse_stat_times(text or "")
             if times is None:
-                complete = False  # gone since the listing
                 continue
             ticks += times
             for tid in self.proc.listdir(f"{pid}/task"):

@@ -312,7 +312,7 @@ class PresentSpeed:
             # during its own work, a slower reading counts once the next sample agrees.
             priced = state if not own_work else replace(state, cpu=replace(state.cpu, runnable_others=None))
             speed = speed_from_state(priced, self.threads, self.measurement, self.measurement_current)
-            last, self._own_reading = self._own_reading, (speed, priced) if own_work else None
+            last, self._own_reading = self._own_reading, ((speed, priced) if own_work else None)
             if last is not None and last[0].cpu < speed.cpu:
                 speed, priced = last
             self.speed = speed
