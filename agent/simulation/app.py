@@ -11,7 +11,9 @@ is slower), after each run it spins on until the run has taken `scale` times as 
 slower device would do. Below 1 (the device is faster), a run counts for `scale` of its time and for 1/scale
 frames, and the app runs that much less often: the host's CPU time per second is the device's either way.
 The same file holds the host's share (HostShare in device.py): a run that the host's other tenants slowed is
-reported at the time it would have taken without them, as the device's /proc counts its CPU time.
+reported at the time it would have taken without them, as the device's /proc counts its CPU time, and counts for
+that many more frames, as a faster device's run does (the scale's reference run is measured without them too:
+speed.py).
 """
 
 from __future__ import annotations
@@ -96,13 +98,16 @@ while True:
     target = t0 + (time.perf_counter() - t0) * scale  # a slower device: spin on, as its longer run would
     while time.perf_counter() < target:
         pass
-    # a faster one: its run is shorter; and the host's other tenants, which slowed it, are not on the device
-    took = (time.perf_counter() - t0) * min(1.0, scale) / host_share
-    credit += 1.0 / min(1.0, scale)  # ... and it runs 1/scale frames in the host CPU time of one
+    # A faster one: its run is shorter. The host's other tenants, which slowed it, are not on the device: there it
+    # is shorter by their share too. Device time per host time, then: each run counts for `g` of its time and
+    # for 1/g frames, and the app runs that much less often.
+    g = min(1.0, scale) / host_share
+    took = (time.perf_counter() - t0) * g
+    credit += 1.0 / g
     frames = int(credit)
     work[i][4] = credit - frames
     print(f"{name} {1000.0 * took:.4f} {frames}", flush=True)
-    real_period = period / min(1.0, scale)
+    real_period = period / g
     due[i] = max(due[i] + real_period, time.perf_counter() - real_period)  # fall behind: skip, never burst
 """
 

@@ -10,10 +10,13 @@ same events on a host three times faster or slower; what the host cannot change 
 
 from __future__ import annotations
 
+import os
+import resource
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from agent.simulation.app import run_ms
+from agent.simulation.device import HostShare
 from agent.simulation.scenario import DeviceSpeed
 from monitors.graphs.importer import load_graph
 from monitors.pricing.estimator import Estimator
@@ -27,7 +30,7 @@ class Scales:
     calibration: float = 1.0  # the device's calibrated times over the host's
     apps: float = 1.0  # an app's run on the device over the same run on the host's CPUs
     host_estimate_ms: float | None = None  # the reference as the host's calibration prices it
-    host_run_ms: float | None = None  # ... and as it runs here (measured only for a scenario with apps)
+    host_run_ms: float | None = None  # ... and as it runs here without the host's other tenants (only with apps)
 
 
 def scaled(cal: Calibration, factor: float) -> Calibration:
@@ -58,5 +61,22 @@ def scales(spec: DeviceSpeed | None, host: Calibration, cpus: Sequence[int], app
     if spec is None:
         return Scales()
     estimate = reference_estimate_ms(host, spec)
-    run = run_ms(spec.model, spec.inputs, cpus) if apps else None
+    run = run_without_tenants_ms(spec, cpus) if apps else None
     return Scales(spec.at_rest_ms / estimate, spec.at_rest_ms / run if run else 1.0, estimate, run)
+
+
+def run_without_tenants_ms(spec: DeviceSpeed, cpus: Sequence[int]) -> float:
+    """The reference's run on these CPUs of the host, as it would be without the host's other tenants: their share
+    over the measurement (HostShare) taken out, as it is from each app's run (app.py). Measured beside a busy
+    process without it, the reference counted the neighbour once and the apps' reports a second time: they read
+    a third of the device's time."""
+    tenants = HostShare(list(cpus))
+    used = _children_cpu_s()
+    run = run_ms(spec.model, spec.inputs, cpus)
+    return run / tenants.share(int((_children_cpu_s() - used) * os.sysconf("SC_CLK_TCK")))
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's ended children (the measurement's, once it is reaped)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
