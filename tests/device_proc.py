@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agent.simulation.device import HostShare
 from agent.simulation.trees import stat_with_ticks, write_atomic
+from probes.process_tree import parse_ppid
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -35,12 +36,6 @@ def _read(path: str) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def parent_pid(stat: str) -> int | None:
-    """The ppid field of a /proc/<pid>/stat line (after the command name, which may hold parentheses)."""
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
 def _children(pid: int) -> list[int]:
@@ -152,12 +147,13 @@ class DeviceProc:
         self._idle += max(0.0, capacity_ns * HZ / 1e9 - busy)
         # An ended process leaves before its parent's cutime holds its time, as the kernel's reaping looks to a
         # reader: never both at once, which a reader would count twice.
-        gone = (set(self._scaled) | set(self._parent)) - set(stats)
+        alive = set(stats)
+        gone = set(self._parent) - alive  # every process written has its parent noted
         for pid in gone:
-            self._reap(pid, gone, set(stats))
+            self._reap(pid, gone, alive)
             self._remove(pid)
         for pid, text in stats.items():
-            self._parent[pid] = parent_pid(text)
+            self._parent[pid] = parse_ppid(text)
             stat = stat_with_ticks(text, self._scaled.get(pid, 0.0), self._reaped.get(pid, 0.0))
             if stat is not None:
                 write_atomic(self.root / str(pid) / "stat", stat.encode())

@@ -39,7 +39,7 @@ def test_device_proc_of_real_processes_keeps_an_ended_child_s_time_in_its_parent
                 usage = tree.read()
                 used += usage.cpu_s if usage is not None else 0.0
             assert usage is not None and usage.processes == 2, usage
-            parent_files = tmp_path / "proc" / str(parent.pid) / "task"
+            parent_files = proc.root / str(parent.pid) / "task"
             while time.monotonic() < deadline and any(
                     (t / "children").exists() and (t / "children").read_text().strip() for t in parent_files.iterdir()):
                 time.sleep(0.05)

@@ -10,13 +10,12 @@ same events on a host three times faster or slower; what the host cannot change 
 
 from __future__ import annotations
 
-import os
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from agent.simulation.app import run_ms
-from agent.simulation.device import HostShare
+from agent.simulation.device import HZ, HostShare
 from agent.simulation.scenario import DeviceSpeed
 from monitors.graphs.importer import load_graph
 from monitors.pricing.estimator import Estimator
@@ -73,7 +72,7 @@ def run_without_tenants_ms(spec: DeviceSpeed, cpus: Sequence[int]) -> float:
     tenants = HostShare(list(cpus))
     used = _children_cpu_s()
     run = run_ms(spec.model, spec.inputs, cpus)
-    return run / tenants.share(int((_children_cpu_s() - used) * os.sysconf("SC_CLK_TCK")))
+    return run / tenants.share(int((_children_cpu_s() - used) * HZ))
 
 
 def _children_cpu_s() -> float:
