@@ -5,12 +5,18 @@ returns it on free, but after the first such free it raises that threshold, up t
 large buffers come from the heap, where fragmentation keeps them: repeated large requests would leave the
 agent's RSS grown for good. The threshold is fixed here (which also ends glibc's adjusting it), and the heap
 is trimmed after each large request. Elsewhere than glibc both are no-ops.
+
+Before the trim, the request's garbage is collected: a request that failed in a worker leaves its exception's
+traceback in a cycle with the frames that raised it (a future holds the exception, a frame the future), and
+those frames hold the request and its payload. The agent at rest allocates too little for Python's collector
+to come round to them for minutes: four 15 MB graphs refused that way kept 60-130 MB in the agent.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import logging
 
 log = logging.getLogger("daop-agent")
@@ -43,7 +49,8 @@ def bound() -> bool:
 
 
 def trim() -> None:
-    """Give the heap's free pages back to the system (after a large request)."""
+    """Give what a large request took back to the system: its garbage collected, the heap's free pages returned."""
+    gc.collect()
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
