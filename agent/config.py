@@ -23,6 +23,7 @@ from daop_client.address import default_device_id  # one rule for the agent and 
 from monitors.errors import BadInput
 from monitors.graphs.limits import Limits
 from monitors.privacy import MAX_JITTER, PrivacyRules
+from monitors.speed.refresh_policy import REFRESH_BACKOFF
 from monitors.table import MonitorRules
 
 MiB = 1 << 20
@@ -210,7 +211,8 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between device samples and monitor evaluations",
            f"{SAMPLE_INTERVAL_S[0]} to {SAMPLE_INTERVAL_S[1]}", flag="--sample-interval"),
     Option("agent", "refresh_interval_s", _NUMBER, Config.refresh_interval_s,
-           "warm-refresh probe (present speed) at least this often, in seconds", _POSITIVE),
+           "warm-refresh probe (present speed) period, in seconds; at rest it doubles up to "
+           f"{REFRESH_BACKOFF}x while the state is unchanged", _POSITIVE),
     Option("agent", "sysfs_root", _STR, str(Config.sysfs_root), "the sysfs tree read (fixture trees, simulation)",
            flag="--sysfs-root"),
     Option("agent", "procfs_root", _STR, str(Config.procfs_root), "the procfs tree read", flag="--procfs-root"),

@@ -3,7 +3,8 @@
 One asyncio TaskGroup holds them:
 
 - sampling: the device state every sample interval (the Sampler runs in a thread: NVML or a battery read
-  may block), turned into the present speed (monitors/speed/present.py), with run-queue snapshots between;
+  may block), turned into the present speed (monitors/speed/present.py), with run-queue snapshots between
+  where the CPUs are busy enough for a queue to form;
 - warm refresh: a few micro-benchmarks when the present speed says one is due, in a thread;
 - evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py);
 - the estimator: calibration the first time (in a process of its own), then graph import and pricing in
@@ -37,13 +38,13 @@ from agent.registry import MonitorRegistry
 from agent.requests import RequestHandler
 from agent.topics import Outgoing, Topics, online
 from monitors.speed.present import PresentSpeed, Speed
-from monitors.speed.refresh_policy import RefreshPolicy
+from monitors.speed.refresh_policy import REFRESH_BACKOFF, RefreshPolicy
 from probes import refresh
 from probes.state import TICKS_PER_SAMPLE, DeviceState, Sampler
 
 log = logging.getLogger("daop-agent")
 
-MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
+MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots, while they are taken: at most 50, at least 4 a second
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
 STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 
@@ -55,6 +56,7 @@ class Agent:
     def __init__(self, cfg: Config, *, sampler: Sampler | None = None, notifier: Notifier | None = None,
                  measure: Callable[[], dict[str, float]] | None = None) -> None:
         self.cfg = cfg
+        self._tick_s = min(MAX_TICK_S, max(MIN_TICK_S, cfg.sample_interval_s / TICKS_PER_SAMPLE))  # run-queue snapshots
         self.topics = Topics(cfg.base_topic)
         self.notifier = notifier or Notifier()
         self.pool = AnalysisPool(cfg.state_dir, cfg.estimate_workers, cfg.limits.estimate_timeout_s,
@@ -154,7 +156,7 @@ class Agent:
         try:
             async with asyncio.TaskGroup() as tg:
                 background = [tg.create_task(coro) for coro in (
-                    self._engine_task(), self._sample_task(sampler), self._tick_task(sampler), self._refresh_task(),
+                    self._engine_task(), self._sample_task(sampler), self._refresh_task(),
                     self._evaluate_task(), self._watchdog_task())]
                 mqtt = tg.create_task(self.link.run(self._stop))
                 await self._stop.wait()
@@ -233,7 +235,8 @@ class Agent:
             return
         self._refresh_on = True
         self._reference = dict(cal.refresh_reference)
-        self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s)
+        self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s,
+                                          max_period_s=REFRESH_BACKOFF * self.cfg.refresh_interval_s)
 
     async def _refresh_task(self) -> None:
         """Warm refresh when the present speed says one is due, beside sampling (a refresh under load is slow).
@@ -295,7 +298,7 @@ class Agent:
                 self._reasons = speed.reasons
                 log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
             self._state_seen.set()
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            await until_next_sample(sampler.tick, started + interval, self._tick_s, state.cpu.queue_can_form)
 
     def _release_hold(self, now: float) -> None:
         """The stored monitors follow the present speed again once it has a full reading (or after
@@ -310,14 +313,6 @@ class Agent:
             self.registry.table.release()
             log.info("monitors follow the present speed (%s)", "a full reading" if full else "no full reading")
 
-    async def _tick_task(self, sampler: Sampler) -> None:
-        """Run-queue snapshots between samples (Sampler.tick), TICKS_PER_SAMPLE per interval: on the loop,
-        because one is a read of /proc/loadavg, far cheaper than a hop to a thread."""
-        period = min(MAX_TICK_S, max(MIN_TICK_S, self.cfg.sample_interval_s / TICKS_PER_SAMPLE))
-        while True:
-            await asyncio.sleep(period)
-            sampler.tick()
-
     async def _evaluate_task(self) -> None:
         while True:
             await self._state_seen.wait()
@@ -331,6 +326,19 @@ class Agent:
         while True:
             self.notifier.watchdog()
             await asyncio.sleep(interval)
+
+
+async def until_next_sample(tick: Callable[[], None], at: float, period_s: float, queue_can_form: bool) -> None:
+    """Run-queue snapshots (`tick`: Sampler.tick) every `period_s` until the next sample is due at monotonic `at`,
+    while the last sample saw the CPUs busy enough for others to queue (CpuState.queue_can_form); else one sleep:
+    each snapshot is a wakeup. On the loop: a snapshot is one read of /proc/loadavg, far cheaper than a hop to a
+    thread."""
+    while (left := at - time.monotonic()) > 0:
+        if not queue_can_form:
+            await asyncio.sleep(left)
+            return
+        await asyncio.sleep(min(period_s, left))
+        tick()
 
 
 def power_facts(state: DeviceState) -> PowerFacts:

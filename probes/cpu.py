@@ -21,6 +21,9 @@ from probes.tree_cpu import TreeCpu, TreeUsage
 
 STATIC_TTL_S = 60.0
 _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
+# Below this share of its CPUs busy, a device's run queue adds at most that share of a stray task to the demand
+# (CpuState.demand): one snapshot at the sample then does, and a device at rest wakes for nothing between samples.
+QUEUE_BUSY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,15 @@ class CpuState:
             return busy if runnable is None else runnable
         saturated = min(1.0, (self.busy_cores or 0.0) / self.cores) if self.cores else 1.0
         return busy + saturated * max(0.0, runnable - busy)
+
+    @property
+    def queue_can_form(self) -> bool:
+        """Whether the CPUs were busy enough over the interval (QUEUE_BUSY_SHARE) for the run queue to weigh in
+        `demand`, which weights it by that share: only then are snapshots of it between samples worth their
+        wakeups (unknown: they are)."""
+        if self.busy_cores is None or not self.cores:
+            return True
+        return self.busy_cores / self.cores >= QUEUE_BUSY_SHARE
 
     @property
     def clock_ratio(self) -> float | None:

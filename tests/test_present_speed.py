@@ -43,6 +43,37 @@ def test_laptop_fixture_tree_policy_first_refresh_then_periodic(states):
     assert policy.due(60.0)
 
 
+def test_laptop_fixture_tree_policy_at_rest_backs_off_and_a_change_brings_the_period_back(states):
+    """Each refresh that no change called for doubles the period, up to max_period_s; a marked change asks for
+    a refresh at once and the period starts again from period_s."""
+    quiet, hot = states[0], states[1]
+    policy = RefreshPolicy(period_s=60, max_period_s=240)
+    policy.observe(quiet, 0.0)
+    policy.refreshed(quiet, 0.0, cpu_s=0.5)  # the first: no backoff yet
+    times = []
+    now = 0.0
+    while now < 690.0:
+        now += 1.0
+        policy.observe(quiet, now)
+        if policy.due(now):
+            policy.refreshed(quiet, now, cpu_s=0.5)
+            times.append(now)
+    assert times == [60.0, 180.0, 420.0, 660.0]  # 60, 120, 240, then capped at 240
+    assert policy.observe(hot, 720.0) == "throttling"
+    assert policy.due(720.0), "a change is refreshed as soon as the budget allows, whatever the period"
+    policy.refreshed(hot, 720.0, cpu_s=0.5)
+    assert not policy.due(779.0) and policy.due(780.0), "the period is period_s again"
+
+
+def test_laptop_fixture_tree_policy_without_max_period_keeps_its_period(states):
+    quiet = states[0]
+    policy = RefreshPolicy(period_s=60)
+    policy.observe(quiet, 0.0)
+    for t in (0.0, 60.0, 120.0, 180.0):
+        assert policy.due(t)
+        policy.refreshed(quiet, t, cpu_s=0.05)
+
+
 @pytest.mark.parametrize("which", [1, 2, 4])  # hot, loaded, plugged
 def test_laptop_fixture_tree_policy_marked_change_asks_for_refresh(states, which):
     quiet, changed = states[0], states[which]

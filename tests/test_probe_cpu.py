@@ -10,7 +10,14 @@ import pytest
 
 from agent.simulation.load import Load
 from agent.simulation.trees import desktop, laptop, vm
-from probes.cpu import CpuProbe, CpuState, parse_loadavg_running, parse_proc_stat, parse_psi_some_avg10
+from probes.cpu import (
+    QUEUE_BUSY_SHARE,
+    CpuProbe,
+    CpuState,
+    parse_loadavg_running,
+    parse_proc_stat,
+    parse_psi_some_avg10,
+)
 from probes.memory import MemoryProbe, parse_meminfo
 from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
@@ -108,6 +115,15 @@ def test_demand_counts_waiting_tasks_only_as_far_as_all_cores_were_busy():
     assert _cpu(1.5, 1.5, 1.0).demand == pytest.approx(1.5)  # never below the busy cores
     assert _cpu(1.0, 1.0, None).demand == 1.0
     assert dataclasses.replace(_cpu(1.0, 1.0, 3.0), others_busy_cores=None).demand == 3.0
+
+
+def test_the_run_queue_is_worth_snapshots_between_samples_only_where_the_cpus_were_busy():
+    assert not _cpu(0.1, 0.1, 2.0).queue_can_form  # at rest: a stray task adds at most 5 % of itself to the demand
+    assert not _cpu(0.49, 0.49, 1.0).queue_can_form
+    assert _cpu(QUEUE_BUSY_SHARE * 2, 0.5, 1.0).queue_can_form
+    assert _cpu(2.0, 2.0, 6.0).queue_can_form
+    assert dataclasses.replace(_cpu(1.0, 1.0, 1.0), busy_cores=None).queue_can_form  # no interval yet
+    assert dataclasses.replace(_cpu(1.0, 1.0, 1.0), cores=None).queue_can_form
 
 
 def test_parsers_reject_garbage():

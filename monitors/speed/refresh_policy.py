@@ -53,6 +53,10 @@ class Marks:
         return None
 
 
+# The agent's max_period_s, in periods: at rest, each refresh wakes onnxruntime's threads hundreds of times.
+REFRESH_BACKOFF = 8
+
+
 @dataclass
 class RefreshPolicy:
     """When to run a warm refresh (pure: the caller passes the time).
@@ -64,9 +68,16 @@ class RefreshPolicy:
     one waits at least cpu_s / budget_fraction, so that refreshes never take
     more than `budget_fraction` of a core on average, however much the state
     flaps.
+
+    With `max_period_s` above `period_s`, a refresh that no marked change
+    called for doubles the period (up to `max_period_s`): at rest, with the
+    state unchanged, refreshes grow rare; a marked change brings the period
+    back to `period_s` and a refresh as soon as the budget allows.
     """
 
     period_s: float = 60.0
+    max_period_s: float | None = None  # None: the period stays `period_s`
+    current_period_s: float = field(default=0.0)  # the period now (0: `period_s`, set in __post_init__)
     load_delta_cores: float = 0.5
     budget_fraction: float = 0.01
     min_gap_s: float = 2.0
@@ -76,6 +87,10 @@ class RefreshPolicy:
     next_allowed_at: float = -math.inf
     _baseline: Marks | None = field(default=None, repr=False)  # the state of the last measurement
     _changed_to: Marks | None = field(default=None, repr=False)  # the state that last marked a change
+
+    def __post_init__(self) -> None:
+        if not self.current_period_s:
+            self.current_period_s = self.period_s
 
     def observe(self, state: DeviceState, now: float) -> str | None:
         """Feed each sampled state; returns what changed markedly (and records when), or None."""
@@ -91,6 +106,7 @@ class RefreshPolicy:
         self._changed_to = marks
         self.last_change_at = now
         self.last_change = why
+        self.current_period_s = self.period_s
         return why
 
     def change_pending(self) -> bool:
@@ -103,10 +119,13 @@ class RefreshPolicy:
             return False
         if self.last_refresh_at is None or self.change_pending():
             return True
-        return now - self.last_refresh_at >= self.period_s
+        return now - self.last_refresh_at >= self.current_period_s
 
     def refreshed(self, state: DeviceState, started_at: float, cpu_s: float) -> None:
         """Record a refresh that started at `started_at` (in `state`) and cost `cpu_s` of CPU."""
+        periodic = self.last_refresh_at is not None and not self.change_pending()
+        if periodic and self.max_period_s is not None:
+            self.current_period_s = min(self.max_period_s, max(self.period_s, 2.0 * self.current_period_s))
         self.last_refresh_at = started_at
         self._baseline = Marks.of(state)
         self._changed_to = None
