@@ -21,6 +21,7 @@ import math
 import multiprocessing
 import os
 import resource
+import select
 import signal
 import threading
 import time
@@ -68,21 +69,29 @@ PARENT_WATCH_S = 1.0
 def die_with_agent(agent_pid: int) -> None:
     """In a helper process: die with the agent, even when it is killed with SIGKILL outside systemd.
 
-    PR_SET_PDEATHSIG fires when this process's parent (the forkserver, itself gone with the agent) dies; a thread
-    that watches the agent's pid is the fallback where prctl is missing or the parent outlives the agent."""
+    PR_SET_PDEATHSIG fires when this process's parent (the forkserver) dies, which need not be when the agent
+    does; so a thread also waits for the agent's end: on a pidfd of it, which wakes it only then, or where pidfds
+    are missing (Linux before 5.3) by looking every PARENT_WATCH_S."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
     parent = os.getppid()
+    try:
+        agent = os.pidfd_open(agent_pid)
+    except (OSError, AttributeError):
+        agent = None
 
     def watch() -> None:
+        if agent is not None:
+            select.select([agent], [], [])  # readable once the agent has ended
+            os._exit(1)
         while True:
             time.sleep(PARENT_WATCH_S)
             if os.getppid() != parent or not os.path.exists(f"/proc/{agent_pid}"):
                 os._exit(1)
 
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="agent-watch", daemon=True).start()
 
 
 def memory_ceiling(memory_mb: int) -> None:

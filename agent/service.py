@@ -2,9 +2,8 @@
 
 One asyncio TaskGroup holds them:
 
-- sampling: the device state every sample interval (the Sampler runs in a thread: NVML or a battery read
-  may block), turned into the present speed (monitors/speed/present.py), with run-queue snapshots between
-  where the CPUs are busy enough for a queue to form;
+- sampling: the device state every sample interval (the Sampler runs in a thread of its own, agent/sampling.py:
+  NVML or a battery read may block), turned into the present speed (monitors/speed/present.py);
 - warm refresh: a few micro-benchmarks when the present speed says one is due, in a thread;
 - evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py);
 - the estimator: calibration the first time (in a process of its own), then graph import and pricing in
@@ -36,6 +35,7 @@ from agent.notify import Notifier, watchdog_interval_s
 from agent.policy import PolicyGate, PowerFacts
 from agent.registry import MonitorRegistry
 from agent.requests import RequestHandler
+from agent.sampling import Sampled, SamplingThread
 from agent.topics import Outgoing, Topics, online
 from monitors.speed.present import PresentSpeed, Speed
 from monitors.speed.refresh_policy import REFRESH_BACKOFF, RefreshPolicy
@@ -265,18 +265,33 @@ class Agent:
                                  time.process_time() - cpu0)
 
     async def _sample_task(self, sampler: Sampler) -> None:
-        interval = self.cfg.sample_interval_s
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        newest: list[Sampled] = []  # a loop that fell behind goes on from the newest sample
+
+        def arrived(sampled: Sampled) -> None:
+            newest[:] = [sampled]
+            ready.set()
+
+        thread = SamplingThread(sampler, self.cfg.sample_interval_s, self._tick_s,
+                                lambda sampled: loop.call_soon_threadsafe(arrived, sampled)).start()
+        try:
+            await self._on_samples(sampler, ready, newest)
+        finally:
+            thread.stop()
+
+    async def _on_samples(self, sampler: Sampler, ready: asyncio.Event, newest: list[Sampled]) -> None:
+        """Each sample, as the sampler's thread hands it over: the present speed, the apps' runs, the policy."""
         veto_logged: str | None = None
         previous = time.monotonic()  # the start of the interval the next sample's load covers
         while True:
-            started = time.monotonic()
-            try:
-                state = await asyncio.to_thread(sampler.sample)
-            except Exception as exc:  # noqa: BLE001 - a probe bug must not stop the monitors
-                log.warning("sampling failed: %s", exc)
+            await ready.wait()
+            ready.clear()
+            started, state, error = newest[0].started, newest[0].state, newest[0].error
+            if state is None:
+                log.warning("sampling failed: %s", error)
                 if self.metrics is not None:
                     self.metrics.probe_errors.labels("sample").inc()
-                await asyncio.sleep(interval)
                 continue
             own_work = self.pool.calibrated_since(previous)
             previous = started
@@ -298,7 +313,6 @@ class Agent:
                 self._reasons = speed.reasons
                 log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
             self._state_seen.set()
-            await until_next_sample(sampler.tick, started + interval, self._tick_s, state.cpu.queue_can_form)
 
     def _release_hold(self, now: float) -> None:
         """The stored monitors follow the present speed again once it has a full reading (or after
@@ -326,19 +340,6 @@ class Agent:
         while True:
             self.notifier.watchdog()
             await asyncio.sleep(interval)
-
-
-async def until_next_sample(tick: Callable[[], None], at: float, period_s: float, queue_can_form: bool) -> None:
-    """Run-queue snapshots (`tick`: Sampler.tick) every `period_s` until the next sample is due at monotonic `at`,
-    while the last sample saw the CPUs busy enough for others to queue (CpuState.queue_can_form); else one sleep:
-    each snapshot is a wakeup. On the loop: a snapshot is one read of /proc/loadavg, far cheaper than a hop to a
-    thread."""
-    while (left := at - time.monotonic()) > 0:
-        if not queue_can_form:
-            await asyncio.sleep(left)
-            return
-        await asyncio.sleep(min(period_s, left))
-        tick()
 
 
 def power_facts(state: DeviceState) -> PowerFacts:

@@ -18,7 +18,7 @@ import pytest
 
 from agent.calibration_store import load as load_calibration
 from agent.config import load_config
-from agent.service import Agent, until_next_sample
+from agent.service import Agent
 from agent.simulation.trees import vm
 from monitors.speed.prediction import predict_cpu
 from monitors.speed.present import fastest
@@ -96,15 +96,3 @@ async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_t
         assert fastest({"cpu": 10.0}, speed, 0, 40.0) == (pytest.approx(10.0 * speed.cpu + 4.0), "cpu")
         assert fastest({"cpu": 10.0}, speed, 0, 0.0) == (pytest.approx(10.0 * speed.cpu), "cpu")
 
-
-async def test_between_samples_the_run_queue_is_read_only_where_the_cpus_were_busy():
-    """At rest the agent sleeps from one sample to the next; where a queue can form it reads the run queue every
-    tick between them (agent.service.until_next_sample)."""
-    ticks: list[float] = []
-    started = time.monotonic()
-    await until_next_sample(lambda: ticks.append(time.monotonic()), started + 0.3, 0.05, queue_can_form=False)
-    assert ticks == [] and time.monotonic() - started >= 0.3
-    started = time.monotonic()
-    await until_next_sample(lambda: ticks.append(time.monotonic()), started + 0.3, 0.05, queue_can_form=True)
-    assert 1 <= len(ticks) <= 6  # one every 0.05 s at most
-    assert time.monotonic() - started >= 0.3
