@@ -108,6 +108,25 @@ def _cpu(busy_cores: float, others: float, runnable: float | None) -> CpuState:
                     limit_mhz=None, interval_s=1.0)
 
 
+def test_vm_fixture_tree_an_interval_at_rest_without_snapshots_has_no_run_queue_reading(tmp_path):
+    """At rest the agent takes no run-queue snapshots between samples (CpuState.queue_can_form), and the sample's
+    own would be noise: the demand is the busy cores. An interval busier than QUEUE_BUSY_SHARE (load that has just
+    started) is read from that one snapshot; and snapshots taken are used at rest too."""
+    tree = vm(tmp_path)
+    probe = fixture_probe(tree)
+    tree.set_stat(busy=5000, idle=14000, running=1)
+    probe.sample()
+    tree.set_stat(busy=5100, idle=15000, running=4)  # 10 % busy, and a snapshot that caught three stray tasks
+    rest = probe.sample()
+    assert rest.runnable_others is None and rest.demand == rest.others_busy_cores
+    tree.set_stat(busy=6000, idle=15100, running=5)  # 90 % busy: the queue counts, from the sample's snapshot
+    assert probe.sample().runnable_others == pytest.approx(4.0)
+    tree.set_stat(busy=6100, idle=16000, running=1)
+    tree.set_proc("loadavg", "1.0 1.0 1.0 3/300 4242\n")
+    probe.tick()
+    assert probe.sample().runnable_others == pytest.approx(1.0)  # (2 + 0) / 2
+
+
 def test_demand_counts_waiting_tasks_only_as_far_as_all_cores_were_busy():
     assert _cpu(2.0, 2.0, 6.0).demand == pytest.approx(6.0)  # saturated: 4 more wait
     assert _cpu(0.1, 0.1, 2.0).demand == pytest.approx(0.1 + 0.05 * 1.9)  # idle: a stray snapshot
