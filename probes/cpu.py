@@ -27,6 +27,12 @@ _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
 QUEUE_BUSY_SHARE = 0.25
 
 
+def _queue_can_form(busy_cores: float | None, cores: int | None) -> bool:
+    """Whether CPUs this busy over an interval are busy enough (QUEUE_BUSY_SHARE) for the run queue to count;
+    unknown: they are."""
+    return busy_cores is None or not cores or busy_cores / cores >= QUEUE_BUSY_SHARE
+
+
 @dataclass(frozen=True)
 class CpuTimes:
     """Aggregate /proc/stat CPU times, in USER_HZ ticks summed over CPUs."""
@@ -89,10 +95,8 @@ class CpuState:
     def queue_can_form(self) -> bool:
         """Whether the CPUs were busy enough over the interval (QUEUE_BUSY_SHARE) for the run queue to weigh in
         `demand`, which weights it by that share: only then are snapshots of it between samples worth their
-        wakeups (unknown: they are)."""
-        if self.busy_cores is None or not self.cores:
-            return True
-        return self.busy_cores / self.cores >= QUEUE_BUSY_SHARE
+        wakeups."""
+        return _queue_can_form(self.busy_cores, self.cores)
 
     @property
     def clock_ratio(self) -> float | None:
@@ -228,7 +232,7 @@ class CpuProbe:
                                              round(u.wait_s / interval if u.wait_s is not None and interval > 0
                                                    else 0.0, 4))
                               for pid, u in tracked.items()}
-        at_rest = busy_cores is not None and times is not None and busy_cores / times.cores < QUEUE_BUSY_SHARE
+        at_rest = not _queue_can_form(busy_cores, times.cores if times is not None else None)
         runnable = self._runnable(times, (own_cores or 0.0) + own_waiting, first=prev is None, at_rest=at_rest)
         psi = take(self.proc.read("pressure/cpu", parse_psi_some_avg10), "cpu.psi_some_avg10", stale)
         cur, top, limit = self._clocks(stale)
