@@ -1,18 +1,20 @@
 """Benchmark: the agent's CPU and memory at idle with 100 monitors.
 
-    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--sample-interval 1.0]
+    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--settle 15] [--sample-interval 1.0]
 
 Starts the real agent (`daop-agent run --local-broker`) on this machine's
 real /sys and /proc with a private copy of the calibration, registers
 `--monitors` monitors (the blur segmenter at a range of frame sizes, each
 its own graph), lets it settle, then measures for `--seconds`: CPU time of
-the agent and its estimator workers (the private Mosquitto left out) as a
-share of one core, their resident and proportional memory (RSS, PSS), and
-their wakeups: context switches of all their threads, voluntary and not, per
-second, with the threads that make the most of them (the agent's main thread
-runs the event loop). The idle cost includes the device sampling every sample
-interval, the monitors' re-evaluation on each sample and the periodic warm
-refresh.
+the agent's process tree (the private Mosquitto left out; processes that
+come and go counted, and those that ended through their parent's children
+times) as a share of one core, its resident memory (RSS and PSS), and its
+wakeups (context switches of its threads) per second, with the threads that
+make the most of them (`agent/main` runs the event loop). The idle cost
+includes the device sampling every sample interval, the monitors'
+re-evaluation on each sample and the periodic warm refresh. Last, one
+`estimate` request is timed (the first after the quiet period) and a second
+right after it.
 """
 
 from __future__ import annotations
@@ -43,54 +45,65 @@ def agent_processes(pid: int) -> list:
 
 
 def cpu_seconds(procs: list) -> float:
+    """CPU time of the processes and of their children that have ended (an estimator worker that left is
+    in its parent's children times; Mosquitto runs to the end, so it is in none)."""
     total = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            total += t.user + t.system + t.children_user + t.children_system
         except Exception:  # noqa: BLE001 - a worker that just went away
             pass
     return total
 
 
-def pss_mb(procs: list) -> float:
+def memory_mb(procs: list, pss: bool = False) -> float:
+    """The processes' resident memory: RSS (shared pages counted in each) or PSS (shared pages split)."""
     total = 0
     for p in procs:
         try:
-            with open(f"/proc/{p.pid}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-        except (OSError, StopIteration):
+            total += p.memory_full_info().pss if pss else p.memory_info().rss
+        except Exception:  # noqa: BLE001 - a worker that just went away
             pass
-    return total / 1024
+    return total / 2**20
 
 
-def switches(procs: list) -> dict[str, int]:
-    """Context switches so far of each thread of `procs`, keyed "<process>/<tid>" (the main thread: "/main")."""
+def switches(procs: list) -> dict[tuple[int, int], int]:
+    """Context switches so far of every thread of the processes, by (pid, tid): each one a wakeup."""
     out = {}
-    for n, p in enumerate(procs):
-        name = "agent" if n == 0 else f"child{n}"
+    for p in procs:
         try:
-            tids = os.listdir(f"/proc/{p.pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
                 with open(f"/proc/{p.pid}/task/{tid}/status") as f:
-                    count = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
-            except OSError:
-                continue
-            out[f"{name}/{'main' if int(tid) == p.pid else tid}"] = count
+                    n = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+                out[(p.pid, int(tid))] = n
+        except OSError:  # a process or thread that just went away
+            pass
     return out
 
 
-def rss_mb(procs: list) -> float:
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except Exception:  # noqa: BLE001
-            pass
-    return total / 2**20
+def new_switches(before: dict[tuple[int, int], int], after: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    """The switches of each thread between two readings; a thread born meanwhile counts whole, one gone loses its
+    last part."""
+    return {key: n - before.get(key, 0) for key, n in after.items()}
+
+
+def thread_name(key: tuple[int, int], agent_pid: int) -> str:
+    """"agent/main" for the agent's event loop, else "<process>/<thread id>"."""
+    pid, tid = key
+    return f"{'agent' if pid == agent_pid else pid}/{'main' if tid == pid else tid}"
+
+
+async def time_estimates(port: int) -> tuple[float, float]:
+    """Seconds to the answer of one `estimate` (the first after the quiet period), and of a second right after."""
+    model = REPO / "examples" / "blur_segmenter.webnn"
+    async with DaopClient(f"mqtt://127.0.0.1:{port}", "idle", timeout_s=120) as daop:
+        times = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            await daop.estimate(model, inputs={"image": ((1, 480, 640, 3), None)})
+            times.append(time.monotonic() - t0)
+    return times[0], times[1]
 
 
 async def register(port: int, count: int) -> None:
@@ -108,7 +121,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--monitors", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--settle", type=float, default=10.0, help="seconds to wait after registering")
+    ap.add_argument("--settle", type=float, default=15.0, help="seconds to wait after registering")
     ap.add_argument("--sample-interval", type=float, default=1.0)
     ap.add_argument("--state-dir", type=Path, default=None, help="calibration to copy (default: the agent's)")
     args = ap.parse_args()
@@ -129,21 +142,31 @@ def main() -> None:
             print(f"{args.monitors} monitors registered in {time.monotonic() - t0:.1f} s; settling {args.settle:g} s")
             time.sleep(args.settle)
             procs = agent_processes(agent.pid)
-            cpu0, woken0, wall0 = cpu_seconds(procs), switches(procs), time.monotonic()
-            peak = rss_mb(procs)
+            cpu0, wall0, switched = cpu_seconds(procs), time.monotonic(), switches(procs)
+            wakeups: dict[tuple[int, int], int] = {}  # by thread, over the window
+            peak = memory_mb(procs)
             while time.monotonic() - wall0 < args.seconds:
                 time.sleep(1.0)
-                peak = max(peak, rss_mb(procs))
-            cpu, woken = cpu_seconds(procs) - cpu0, switches(procs)
+                procs = agent_processes(agent.pid)  # a process born meanwhile: all its CPU time is in the window
+                after = switches(procs)
+                for key, n in new_switches(switched, after).items():
+                    wakeups[key] = wakeups.get(key, 0) + n
+                switched = after
+                peak = max(peak, memory_mb(procs))
+            cpu = cpu_seconds(procs) - cpu0
             wall = time.monotonic() - wall0
-            per_thread = sorted(((woken[k] - woken0.get(k, 0)) / wall, k) for k in woken)[::-1]
+            busiest = sorted(wakeups, key=wakeups.__getitem__, reverse=True)[:4]
 
             own = psutil.Process(agent.pid).memory_info().rss / 2**20
             print(f"idle with {args.monitors} monitors, sample interval {args.sample_interval:g} s, over {wall:.0f} s: "
-                  f"CPU {100 * cpu / wall:.2f} % of one core ({len(procs)} processes: agent + estimator workers); "
-                  f"memory {own:.0f} MB (agent), {rss_mb(procs):.0f} MB with workers, peak {peak:.0f} MB, "
-                  f"PSS {pss_mb(procs):.0f} MB; wakeups {sum(r for r, _ in per_thread):.1f}/s (the most: "
-                  + ", ".join(f"{k} {r:.1f}" for r, k in per_thread[:4]) + ")")
+                  f"CPU {100 * cpu / wall:.2f} % of one core; {sum(wakeups.values()) / wall:.1f} wakeups/s (the most: "
+                  + ", ".join(f"{thread_name(key, agent.pid)} {wakeups[key] / wall:.1f}" for key in busiest) + "); "
+                  f"memory {own:.0f} MB RSS (agent), {memory_mb(procs):.0f} MB RSS / "
+                  f"{memory_mb(procs, pss=True):.0f} MB PSS "
+                  f"(its {len(procs)} processes), peak {peak:.0f} MB RSS")
+            first, second = asyncio.run(time_estimates(port))
+            print(f"estimate after the quiet period: {first:.2f} s; a second one right after: {second:.2f} s "
+                  f"({len(agent_processes(agent.pid))} processes now)")
         finally:
             stop_agent(agent)
 
