@@ -1,4 +1,4 @@
-"""The sampler's own thread: a sample every interval, with run-queue snapshots between where a queue can form.
+"""The sampler's own thread: a sample every interval, with run-queue snapshots between.
 
 A thread because probes may block (NVML, a battery's embedded controller); its own, on its own timer, because a
 job handed to the loop's executor each interval woke three threads that then contended with the loop for the
@@ -29,9 +29,7 @@ class Sampled:
 
 class SamplingThread:
     """Samples `sampler` every `interval_s` and hands each Sampled to `deliver` (from this thread: the caller
-    passes it on to its loop). Between samples, run-queue snapshots (Sampler.tick) every `tick_s` while the last
-    sample saw the CPUs busy enough for others to queue (CpuState.queue_can_form); else it sleeps: each snapshot
-    is a wakeup."""
+    passes it on to its loop). Between samples, run-queue snapshots (Sampler.tick) every `tick_s`."""
 
     def __init__(self, sampler: Sampler, interval_s: float, tick_s: float,
                  deliver: Callable[[Sampled], object]) -> None:
@@ -66,14 +64,7 @@ class SamplingThread:
                 self.deliver(sampled)
             except RuntimeError:  # the loop is closed: the agent has stopped
                 return
-            queue_can_form = sampled.state is not None and sampled.state.cpu.queue_can_form
-            self._until(started + self.interval_s, queue_can_form)
-
-    def _until(self, at: float, queue_can_form: bool) -> None:
-        while (left := at - time.monotonic()) > 0:
-            if not queue_can_form:
-                self._stop.wait(left)
-                return
-            if self._stop.wait(min(self.tick_s, left)):
-                return
-            self.sampler.tick()
+            while (left := started + self.interval_s - time.monotonic()) > 0:
+                if self._stop.wait(min(self.tick_s, left)):
+                    return
+                self.sampler.tick()

@@ -44,7 +44,7 @@ from probes.state import TICKS_PER_SAMPLE, DeviceState, Sampler
 
 log = logging.getLogger("daop-agent")
 
-MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots, while they are taken: at most 50, at least 4 a second
+MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
 STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 

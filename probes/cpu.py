@@ -21,16 +21,6 @@ from probes.tree_cpu import TreeCpu, TreeUsage
 
 STATIC_TTL_S = 60.0
 _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
-# Below this share of its CPUs busy over an interval, a device's run queue adds at most that share of its waiting
-# tasks to the demand (CpuState.demand): the agent then takes no snapshots of it, and wakes for nothing between
-# samples, and the load is its busy cores. An interval that crosses it is read from the sample's own snapshot.
-QUEUE_BUSY_SHARE = 0.25
-
-
-def _queue_can_form(busy_cores: float | None, cores: int | None) -> bool:
-    """Whether CPUs this busy over an interval are busy enough (QUEUE_BUSY_SHARE) for the run queue to count;
-    unknown: they are."""
-    return busy_cores is None or not cores or busy_cores / cores >= QUEUE_BUSY_SHARE
 
 
 @dataclass(frozen=True)
@@ -90,13 +80,6 @@ class CpuState:
             return busy if runnable is None else runnable
         saturated = min(1.0, (self.busy_cores or 0.0) / self.cores) if self.cores else 1.0
         return busy + saturated * max(0.0, runnable - busy)
-
-    @property
-    def queue_can_form(self) -> bool:
-        """Whether the CPUs were busy enough over the interval (QUEUE_BUSY_SHARE) for the run queue to weigh in
-        `demand`, which weights it by that share: only then are snapshots of it between samples worth their
-        wakeups."""
-        return _queue_can_form(self.busy_cores, self.cores)
 
     @property
     def clock_ratio(self) -> float | None:
@@ -232,8 +215,7 @@ class CpuProbe:
                                              round(u.wait_s / interval if u.wait_s is not None and interval > 0
                                                    else 0.0, 4))
                               for pid, u in tracked.items()}
-        at_rest = not _queue_can_form(busy_cores, times.cores if times is not None else None)
-        runnable = self._runnable(times, (own_cores or 0.0) + own_waiting, first=prev is None, at_rest=at_rest)
+        runnable = self._runnable(times, (own_cores or 0.0) + own_waiting, first=prev is None)
         psi = take(self.proc.read("pressure/cpu", parse_psi_some_avg10), "cpu.psi_some_avg10", stale)
         cur, top, limit = self._clocks(stale)
         return CpuState(
@@ -273,16 +255,14 @@ class CpuProbe:
             tree = self._trees[pid] = TreeCpu(self.proc, ProcessTree(self.proc, pid))
         return tree.read()
 
-    def _runnable(self, times: CpuTimes | None, own_runnable: float, first: bool, at_rest: bool) -> float | None:
+    def _runnable(self, times: CpuTimes | None, own_runnable: float, first: bool) -> float | None:
         """Mean of the snapshots since the last sample and this one, less the reader in each and
         the agent's own threads running or waiting, on average. None at the first sample: without an
-        interval the agent's own threads (its start-up, above all) cannot be taken out. None too for an
-        interval at rest (QUEUE_BUSY_SHARE) without snapshots between samples (the agent takes none at rest:
-        CpuState.queue_can_form): the sample's one snapshot would be noise, and the queue weighs little there."""
+        interval the agent's own threads (its start-up, above all) cannot be taken out."""
         with self._snapshots_lock:
             total, count = self._snapshots
             self._snapshots = (0, 0)
-        if first or (at_rest and count == 0):
+        if first:
             return None
         if times is not None and times.running is not None:
             total, count = total + times.running, count + 1

@@ -10,14 +10,7 @@ import pytest
 
 from agent.simulation.load import Load
 from agent.simulation.trees import desktop, laptop, vm
-from probes.cpu import (
-    QUEUE_BUSY_SHARE,
-    CpuProbe,
-    CpuState,
-    parse_loadavg_running,
-    parse_proc_stat,
-    parse_psi_some_avg10,
-)
+from probes.cpu import CpuProbe, CpuState, parse_loadavg_running, parse_proc_stat, parse_psi_some_avg10
 from probes.memory import MemoryProbe, parse_meminfo
 from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
@@ -108,25 +101,6 @@ def _cpu(busy_cores: float, others: float, runnable: float | None) -> CpuState:
                     limit_mhz=None, interval_s=1.0)
 
 
-def test_vm_fixture_tree_an_interval_at_rest_without_snapshots_has_no_run_queue_reading(tmp_path):
-    """At rest the agent takes no run-queue snapshots between samples (CpuState.queue_can_form), and the sample's
-    own would be noise: the demand is the busy cores. An interval busier than QUEUE_BUSY_SHARE (load that has just
-    started) is read from that one snapshot; and snapshots taken are used at rest too."""
-    tree = vm(tmp_path)
-    probe = fixture_probe(tree)
-    tree.set_stat(busy=5000, idle=14000, running=1)
-    probe.sample()
-    tree.set_stat(busy=5100, idle=15000, running=4)  # 10 % busy, and a snapshot that caught three stray tasks
-    rest = probe.sample()
-    assert rest.runnable_others is None and rest.demand == rest.others_busy_cores
-    tree.set_stat(busy=6000, idle=15100, running=5)  # 90 % busy: the queue counts, from the sample's snapshot
-    assert probe.sample().runnable_others == pytest.approx(4.0)
-    tree.set_stat(busy=6100, idle=16000, running=1)
-    tree.set_proc("loadavg", "1.0 1.0 1.0 3/300 4242\n")
-    probe.tick()
-    assert probe.sample().runnable_others == pytest.approx(1.0)  # (2 + 0) / 2
-
-
 def test_demand_counts_waiting_tasks_only_as_far_as_all_cores_were_busy():
     assert _cpu(2.0, 2.0, 6.0).demand == pytest.approx(6.0)  # saturated: 4 more wait
     assert _cpu(0.1, 0.1, 2.0).demand == pytest.approx(0.1 + 0.05 * 1.9)  # idle: a stray snapshot
@@ -134,15 +108,6 @@ def test_demand_counts_waiting_tasks_only_as_far_as_all_cores_were_busy():
     assert _cpu(1.5, 1.5, 1.0).demand == pytest.approx(1.5)  # never below the busy cores
     assert _cpu(1.0, 1.0, None).demand == 1.0
     assert dataclasses.replace(_cpu(1.0, 1.0, 3.0), others_busy_cores=None).demand == 3.0
-
-
-def test_the_run_queue_is_worth_snapshots_between_samples_only_where_the_cpus_were_busy():
-    assert not _cpu(0.1, 0.1, 2.0).queue_can_form  # at rest: a stray task adds at most 5 % of itself to the demand
-    assert not _cpu(0.49, 0.49, 1.0).queue_can_form
-    assert _cpu(QUEUE_BUSY_SHARE * 2, 0.5, 1.0).queue_can_form
-    assert _cpu(2.0, 2.0, 6.0).queue_can_form
-    assert dataclasses.replace(_cpu(1.0, 1.0, 1.0), busy_cores=None).queue_can_form  # no interval yet
-    assert dataclasses.replace(_cpu(1.0, 1.0, 1.0), cores=None).queue_can_form
 
 
 def test_parsers_reject_garbage():
