@@ -49,10 +49,12 @@ class Analysis:
     base_ms: dict[str, float]   # device -> calibrated latency on the quiet device
     memory_bytes: int           # weights + peak activations (+ KV cache): must fit in the memory free now
     written_mb: float = 0.0     # activations the CPU plan writes per inference (the handoff extra's bytes)
+    stream_ms: float = 0.0      # what the CPU latency gains per unit of memory slowdown (Estimator.stream_ms)
     # A generation's phases, by device, at rest: (time to first token, time per output token) in ms, and
-    # the MB the prefill and one decode step write on the CPU; empty for one inference.
+    # the MB the prefill and one decode step write and their stream_ms on the CPU; empty for one inference.
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
     phase_written_mb: tuple[float, float] = (0.0, 0.0)
+    phase_stream_ms: tuple[float, float] = (0.0, 0.0)
 
 
 class EngineError(Exception):
@@ -139,19 +141,23 @@ def _analyse_unbounded(fmt: str, source: Any, inputs: dict[str, InputSpec], limi
     if generation is not None:
         return _analyse_generation(fmt, source, limits, generation)
     graph = load_graph(source, fmt=fmt, inputs=inputs or None, limits=limits)
-    plans, base, memory, written = {}, {}, 0, 0.0
+    plans, base, memory, written, stream = {}, {}, 0, 0.0, 0.0
     for device in _ESTIMATOR.devices:
         plan = _ESTIMATOR.plan(graph, device)
         plans[device] = plan.to_json()
         base[device] = float(_ESTIMATOR.base_latency_ms(plan, device))
         memory = max(memory, int(plan.memory_bytes))
         if device == "cpu":
-            written = plan.written_mb
-    return Analysis(plans, base, memory, written)
+            written, stream = plan.written_mb, _ESTIMATOR.stream_ms(plan)
+    return Analysis(plans, base, memory, written, stream)
 
 
 def _ms(costs: CostModel, plan: Plan) -> float:
     return 1000.0 * costs.seconds(plan)
+
+
+def _stream_ms(costs: CostModel, plan: Plan) -> float:
+    return 1000.0 * costs.stream_seconds(plan)
 
 
 def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationSpec) -> Analysis:
@@ -161,7 +167,7 @@ def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationS
 
     model = load_decoder(source, fmt=fmt, limits=limits)
     plans, base, phases, memory = {}, {}, {}, 0
-    written, phase_written = 0.0, (0.0, 0.0)
+    written, phase_written, stream, phase_stream = 0.0, (0.0, 0.0), 0.0, (0.0, 0.0)
     for device in _ESTIMATOR.devices:
         plan = _ESTIMATOR.plan_generation(model.decoder, spec, model.graph, device)
         times = generation_times(plan, functools.partial(_ms, _ESTIMATOR.models[device]))
@@ -173,17 +179,21 @@ def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationS
             steps = sum(w for _, w, _ in plan.decode)
             written = plan.written_mb
             phase_written = (plan.prefill.written_mb, (written - plan.prefill.written_mb) / steps if steps else 0.0)
-    return Analysis(plans, base, memory, written, phases, phase_written)
+            streams = generation_times(plan, functools.partial(_stream_ms, _ESTIMATOR.models[device]))
+            stream, phase_stream = streams.total_ms, (streams.ttft_ms, streams.tpot_ms)
+    return Analysis(plans, base, memory, written, stream, phases, phase_written, phase_stream)
 
 
-def _rebase(plans: list[dict[str, str]]) -> list[dict[str, float]]:
-    """Calibrated latencies again for stored plans (the calibration may have been redone)."""
+def _rebase(plans: list[dict[str, str]]) -> list[tuple[dict[str, float], float]]:
+    """Calibrated latencies again for stored plans (the calibration may have been redone), by device, and the
+    CPU plan's stream_ms."""
     from monitors.pricing.generation import plan_from_json  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
 
     out = []
     for by_device in plans:
-        out.append({device: float(_ESTIMATOR.base_latency_ms(plan_from_json(text), device))
-                    for device, text in by_device.items() if device in _ESTIMATOR.devices})
+        parsed = {device: plan_from_json(text) for device, text in by_device.items() if device in _ESTIMATOR.devices}
+        out.append(({device: float(_ESTIMATOR.base_latency_ms(plan, device)) for device, plan in parsed.items()},
+                    float(_ESTIMATOR.stream_ms(parsed["cpu"])) if "cpu" in parsed else 0.0))
     return out
 
 
@@ -330,7 +340,7 @@ class AnalysisPool:
         memory), under the worker's memory ceiling and time limit, so the event loop keeps serving."""
         return await self._call(fn, *args)
 
-    async def rebase(self, plans: list[dict[str, str]]) -> list[dict[str, float]]:
+    async def rebase(self, plans: list[dict[str, str]]) -> list[tuple[dict[str, float], float]]:
         return await self._call(_rebase, plans, timeout_s=max(self.timeout_s, 0.01 * len(plans)))
 
     async def _call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:

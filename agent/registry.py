@@ -207,9 +207,10 @@ class MonitorRegistry:
             self.check_room(monitor, owner)
             stored, latencies = [], []
             for name, requirement, a in workloads:
-                latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb)
+                latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb, a.stream_ms)
                 view = shown(latency) / latency if 0 < latency < math.inf else 1.0  # held for the monitor's life
-                stored.append(StoredWorkload(name, requirement, device, a.plans, a.base_ms, a.memory_bytes, view))
+                stored.append(StoredWorkload(name, requirement, device, a.plans, a.base_ms, a.memory_bytes, view,
+                                             a.stream_ms))
                 latencies.append(latency)
             meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
             rec = StoredMonitor(monitor, stored, self.table.next_seq(), meets, member_meets=list(member_meets),
@@ -323,7 +324,7 @@ class MonitorRegistry:
         if workload is not None and workload not in names:
             raise BadInput(f"monitor {monitor!r} has no workload {workload!r}", "bad_workload")
         w = rec.workloads[names.index(workload) if workload is not None else 0]
-        estimate, _ = fastest({w.device: w.base_ms[w.device]}, speed, w.memory_bytes, w.written_mb)
+        estimate = w.present_ms(speed)
         try:
             learnt = reduce(latencies_ms, estimate, estimate / w.base_ms[w.device], now)
         except ValueError as exc:
@@ -370,7 +371,7 @@ class MonitorRegistry:
             speed = speeds[self.table.speed_class(monitor)]
             corrections = []
             for w, x in zip(rec.workloads, learnt, strict=True):
-                estimate, _ = fastest({w.device: w.base_ms[w.device]}, speed, w.memory_bytes, w.written_mb)
+                estimate = w.present_ms(speed)
                 corrections.append(x.correction(estimate / w.base_ms[w.device], now))
             self.table.set_corrections(monitor, corrections)
 
@@ -417,7 +418,8 @@ class MonitorRegistry:
                 except BadInput as exc:
                     log.warning("monitor %s: %s", rec.monitor, exc)
 
-    async def rebase(self, price: Callable[[list[dict[str, str]]], Awaitable[list[dict[str, float]]]]) -> None:
+    async def rebase(self, price: Callable[[list[dict[str, str]]],
+                                           Awaitable[list[tuple[dict[str, float], float]]]]) -> None:
         """Stored plans priced again with the present calibration (it may have been redone)."""
         items = [(rec.monitor, i) for rec in list(self.records.values()) for i in range(len(rec.workloads))]
         for start in range(0, len(items), REBASE_CHUNK):
@@ -427,14 +429,16 @@ class MonitorRegistry:
             except (BadInput, EngineError) as exc:
                 log.warning("could not re-price stored monitors: %s", exc)
                 return
-            for (monitor, i), base in zip(chunk, bases, strict=True):
+            for (monitor, i), (base, stream) in zip(chunk, bases, strict=True):
                 rec = self.records.get(monitor)
                 if rec is not None and rec.workloads[i].device in base:
                     rec.workloads[i].base_ms = base
+                    rec.workloads[i].stream_ms = stream
             for monitor in {m for m, _ in chunk}:
                 rec = self.records.get(monitor)
                 if rec is not None:
-                    self.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads])
+                    self.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads],
+                                        [w.stream_ms for w in rec.workloads])
 
     # -- files -------------------------------------------------------------------------------------------------------
 

@@ -230,7 +230,8 @@ class RequestHandler:
         if method == "estimate":
             (analysis,) = self._placed(request, await self._analyses(request))
             speed, warp = self._priced(owner)
-            latency, device = fastest(analysis.base_ms, speed, analysis.memory_bytes, analysis.written_mb)
+            latency, device = fastest(analysis.base_ms, speed, analysis.memory_bytes, analysis.written_mb,
+                                      analysis.stream_ms)
             answer = {"performanceTier": warp.tier(latency)}
             if analysis.phases:
                 answer |= self._phase_tiers(analysis, device, math.isfinite(latency), speed, warp)
@@ -269,17 +270,20 @@ class RequestHandler:
         """A generation's time to first token and time per output token now, as tiers."""
         ttft, tpot = analysis.phases[device]
         prefill_mb, step_mb = analysis.phase_written_mb if device == "cpu" else (0.0, 0.0)
-        def now(base_ms: float, written_mb: float) -> str:
-            return warp.tier(fastest({device: base_ms}, speed, 0, written_mb)[0] if fits else math.inf)
+        prefill_stream, step_stream = analysis.phase_stream_ms if device == "cpu" else (0.0, 0.0)
 
-        return {"timeToFirstTokenTier": now(ttft, prefill_mb), "timePerOutputTokenTier": now(tpot, step_mb)}
+        def now(base_ms: float, written_mb: float, stream_ms: float) -> str:
+            return warp.tier(fastest({device: base_ms}, speed, 0, written_mb, stream_ms)[0] if fits else math.inf)
+
+        return {"timeToFirstTokenTier": now(ttft, prefill_mb, prefill_stream),
+                "timePerOutputTokenTier": now(tpot, step_mb, step_stream)}
 
     def _meets(self, request: Request, analyses: list[Analysis], owner: str) -> dict[str, Any]:
         members, latencies = [], []
         speed, warp = self._priced(owner)
         for w, a in zip(request.workloads, analyses, strict=True):
             assert w.requirement is not None
-            latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb)
+            latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb, a.stream_ms)
             members.append(Member(a.base_ms[device], device, w.requirement.deadline_ms, w.requirement.sustained_hz))
             latencies.append(warp.shown_ms(latency))
         meets, member_meets = initial_answer(latencies, members, self._veto() is not None)

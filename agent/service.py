@@ -45,6 +45,7 @@ from probes.state import TICKS_PER_SAMPLE, DeviceState, Sampler
 log = logging.getLogger("daop-agent")
 
 MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
+STREAM_SHARE = 0.1  # a monitor whose streamed time is this share of its latency has the refresh read memory's speed
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
 STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 
@@ -54,7 +55,7 @@ class Agent:
     device's own in the simulation and the tests."""
 
     def __init__(self, cfg: Config, *, sampler: Sampler | None = None, notifier: Notifier | None = None,
-                 measure: Callable[[], dict[str, float]] | None = None) -> None:
+                 measure: Callable[[bool], dict[str, float]] | None = None) -> None:
         self.cfg = cfg
         self._tick_s = min(MAX_TICK_S, max(MIN_TICK_S, cfg.sample_interval_s / TICKS_PER_SAMPLE))  # run-queue snapshots
         self.topics = Topics(cfg.base_topic)
@@ -248,8 +249,10 @@ class Agent:
             started = time.monotonic()
             cpu0 = time.process_time()
             marker = self.pool.work_marker
+            # the stream probe only while a monitor's model streams (its buffer is dropped when not asked for)
+            stream = refresh.STREAM_KEY in self._reference and self.registry.table.streams(STREAM_SHARE)
             try:
-                result = await asyncio.to_thread(self._measure)
+                result = await asyncio.to_thread(self._measure, stream)
             except Exception as exc:  # noqa: BLE001 - a failed probe is a missing reading, not a crash
                 log.warning("warm refresh failed: %s", exc)
                 if self.metrics is not None:
@@ -262,7 +265,7 @@ class Agent:
                 continue
             self.speed.refreshed(refresh.slowdown(result, self._reference),
                                  refresh.handoff_ms_per_mb(result, self._reference), started,
-                                 time.process_time() - cpu0)
+                                 time.process_time() - cpu0, refresh.memory_slowdown(result, self._reference))
 
     async def _sample_task(self, sampler: Sampler) -> None:
         loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -34,6 +35,7 @@ from monitors.errors import BadInput
 from monitors.pricing.generation import plan_from_json
 from monitors.pricing.tiers import TIER_NAMES
 from monitors.requirements import Requirement
+from monitors.speed.present import Speed, fastest
 from monitors.table import Member
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ class StoredWorkload:
     base_ms: dict[str, float]  # device -> calibrated quiet latency (local only, never published)
     memory_bytes: int
     view: float = 1.0  # its owner's view at creation (monitors/privacy.py: shown / live latency), kept for its life
+    stream_ms: float = 0.0  # what its CPU latency gains per unit of memory slowdown (local only, never published)
 
     @functools.cached_property
     def written_mb(self) -> float:
@@ -96,14 +99,20 @@ class StoredWorkload:
         except (KeyError, ValueError, TypeError):
             return 0.0
 
+    def present_ms(self, speed: Speed) -> float:
+        """Its latency on its device at `speed` (inf where it does not fit in memory now)."""
+        return fastest({self.device: self.base_ms[self.device]}, speed, self.memory_bytes, self.written_mb,
+                       self.stream_ms)[0]
+
     def member(self) -> Member:
         """As the monitor table prices it: the deadline as its owner's view puts it (latency * view < deadline)."""
         return Member(self.base_ms[self.device], self.device, self.requirement.deadline_ms / self.view,
-                      self.requirement.sustained_hz, self.memory_bytes, self.written_mb)
+                      self.requirement.sustained_hz, self.memory_bytes, self.written_mb, self.stream_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "requirement": self.requirement.to_json(), "device": self.device,
-                "plans": self.plans, "baseMs": self.base_ms, "memoryBytes": self.memory_bytes, "view": self.view}
+                "plans": self.plans, "baseMs": self.base_ms, "memoryBytes": self.memory_bytes, "view": self.view,
+                "streamMs": self.stream_ms}
 
     @classmethod
     def from_json(cls, data: Any) -> StoredWorkload:
@@ -115,13 +124,15 @@ class StoredWorkload:
             raise ValueError(str(exc)) from None
         w = cls(str(data["name"]), requirement, data["device"], dict(data["plans"]),
                 {str(k): float(v) for k, v in dict(data["baseMs"]).items()}, int(data["memoryBytes"]),
-                float(data.get("view", 1.0)))
+                float(data.get("view", 1.0)), float(data.get("streamMs", 0.0)))
         if w.name and not MONITOR_ID_RE.fullmatch(w.name):
             raise ValueError(f"bad workload name {w.name!r}")
         if w.device not in DEVICES or w.device not in w.base_ms:
             raise ValueError("bad device")
         if not 0.5 <= w.view <= 2.0:
             raise ValueError(f"bad view {w.view!r}")
+        if not (0.0 <= w.stream_ms < math.inf):
+            raise ValueError(f"bad stream time {w.stream_ms!r}")
         return w
 
 

@@ -18,16 +18,17 @@ import math
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from agent import calibration_store
 from agent.config import default_state_dir
 from bench import zoo
 from bench.groundtruth import _feeds, _plain_inputs
 from monitors.graphs.importer import load_graph
 from monitors.pricing.costmodel import CostModel
-from monitors.pricing.estimator import Estimator
 from monitors.pricing.kernels import Kernel
 from monitors.pricing.planner import SECOND_PASS_ACTIVATIONS, memory_family
 
@@ -101,7 +102,8 @@ def main() -> None:
     m = zoo.BY_NAME[args.model]
     path = str(m.path())
 
-    est = Estimator.load(args.state_dir or default_state_dir())
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    est = calibration_store.load_estimator(state_dir, device="cpu")
     cm: CostModel = est.models["cpu"]
     events, wall = profile(path, m.inputs)
     by_name: dict[str, list[float]] = collections.defaultdict(list)

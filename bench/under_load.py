@@ -7,9 +7,13 @@ the device state over `--window` seconds as the agent does, run one warm
 refresh, combine them into a Speed (monitors/speed/present.py, the
 measurement current), and have the app time the model for a while
 (onnxruntime default session, median of runs). The estimate (the
-estimator's, at that Speed: calibrated latency x speed.cpu + the MB the
-plan writes x the handoff extra) is compared with the real latency, each
-the geometric mean over the cycles, so that both see the same background.
+estimator's, at that Speed: (calibrated latency + its streamed time x
+(speed.memory - 1)) x speed.cpu + the MB the plan writes x the handoff
+extra) is compared with the real latency, each the geometric mean over the
+cycles, so that both see the same background. The refresh runs its stream
+probe (column B: the memory multiplier), as the agent's does while a
+monitored model streams; `--models` with a decode step
+(gpt-vocab152k-step-ctx128) shows what the memory hog does to one.
 
 As in deployment, the app is its own process (a worker that holds every
 model's session): its inference is not the agent's, and its onnxruntime
@@ -49,7 +53,7 @@ from agent.simulation.load import Load, LoadProcess
 from bench import zoo
 from monitors.graphs.importer import load_graph
 from monitors.speed.present import Measurement, Speed, speed_from_state
-from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, measure, slowdown
+from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, measure, memory_slowdown, slowdown
 from probes.state import Sampler
 
 DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "resnet18-b1-224x224", "bert-mini-b1-s128",
@@ -166,14 +170,14 @@ def main() -> int:
     for name in args.models.split(","):
         model = zoo.BY_NAME[name]
         models.append((name, estimator.plan(load_graph(model.path(), inputs=model.inputs), "cpu")))
-    measure()  # create the refresh sessions before timing anything
+    measure(stream=True)  # create the refresh sessions before timing anything
     app = App([name for name, _ in models])
 
     sampler = Sampler()
     rows = []
     quiet: dict[str, tuple[float, float]] = {}  # model -> (estimate, real) of the "0" run
-    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'P':>5} {'M':>5} {'H':>5} {'speed':>5}  {'model':26s} {'est ms':>8} "
-          f"{'real ms':>8} {'err':>6} {'err P':>6} {'err M':>6} {'slowdown est/real':>18}")
+    print(f"{'load':>5} {'busy':>5} {'runq':>5} {'P':>5} {'M':>5} {'H':>5} {'B':>5} {'speed':>5}  {'model':26s} "
+          f"{'est ms':>8} {'real ms':>8} {'err':>6} {'err P':>6} {'err M':>6} {'slowdown est/real':>18}")
     for load in args.loads.split(","):
         procs = start_load(load)
         try:
@@ -186,23 +190,24 @@ def main() -> int:
                 for _ in range(args.cycles):
                     time.sleep(PAUSE_S)  # the app's onnxruntime threads stop spinning
                     state = sampler.sample_over(args.window)  # as the agent samples
-                    now = measure()
+                    now = measure(stream=True)  # as the agent refreshes while a monitored model streams
                     measured = slowdown(now, reference) if reference else None
                     handoff = handoff_ms_per_mb(now, reference) if reference else None
-                    speed = speed_from_state(state, threads, Measurement.taken_in(state, threads, measured, handoff),
-                                             current=True)
+                    memory = memory_slowdown(now, reference) if reference else None
+                    speed = speed_from_state(state, threads, Measurement.taken_in(state, threads, measured, handoff,
+                                                                                  memory), current=True)
 
                     def estimate(cpu: float, plan: Any = plan, speed: Speed = speed) -> float:
                         """The estimator's, at this cycle's Speed with this multiplier."""
                         return estimator.estimate(plan, device="cpu", speed=replace(speed, cpu=cpu)).latency_ms
 
                     cycles.append({"speed": speed.cpu, "P": speed.predicted_cpu, "M": measured or float("nan"),
-                                   "H": speed.handoff_ms_per_mb, "est": estimate(speed.cpu),
+                                   "H": speed.handoff_ms_per_mb, "B": speed.memory, "est": estimate(speed.cpu),
                                    "est_p": estimate(speed.predicted_cpu),
                                    "est_m": estimate(measured) if measured else float("nan"),
                                    "busy": state.cpu.others_busy_cores or 0.0, "runq": state.cpu.runnable_others or 0.0,
                                    "real": app.latency_ms(name, args.seconds / args.cycles)})
-                g = {k: statistics.fmean(c[k] for c in cycles) if k in ("busy", "runq", "H")
+                g = {k: statistics.fmean(c[k] for c in cycles) if k in ("busy", "runq", "H", "B")
                      else geomean([c[k] for c in cycles]) for k in cycles[0]}
                 real, est = g["real"], g["est"]
                 if load == "0":
@@ -213,7 +218,7 @@ def main() -> int:
                        "err_m": g["est_m"] / real - 1, "slow_err": est_slow / real_slow - 1}
                 rows.append(row)
                 print(f"{load:>5} {g['busy']:5.2f} {g['runq']:5.2f} {g['P']:5.2f} {g['M']:5.2f} {g['H']:5.3f} "
-                      f"{g['speed']:5.2f}  {name:26s} {est:8.1f} {real:8.1f} {100 * row['err']:+5.0f}% "
+                      f"{g['B']:5.2f} {g['speed']:5.2f}  {name:26s} {est:8.1f} {real:8.1f} {100 * row['err']:+5.0f}% "
                       f"{100 * row['err_p']:+5.0f}% {100 * row['err_m']:+5.0f}% {est_slow:8.2f}/{real_slow:<5.2f}",
                       flush=True)
         finally:

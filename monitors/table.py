@@ -71,6 +71,7 @@ class Member:
     rate_hz: float = 0.0  # runs a second it must sustain beside the others (0: none)
     memory_bytes: int = 0
     written_mb: float = 0.0
+    stream_ms: float = 0.0  # what its CPU latency gains per unit of memory slowdown
 
 
 class Change(NamedTuple):
@@ -84,7 +85,8 @@ class Change(NamedTuple):
 
 
 _MONITOR_ARRAYS = ("_meets", "_seq", "_last_change", "_events", "_ring", "_class")
-_MEMBER_ARRAYS = ("_of", "_pos", "_base", "_device", "_mem", "_written", "_rate", "_deadline", "_corr", "_mmeets")
+_MEMBER_ARRAYS = ("_of", "_pos", "_base", "_device", "_mem", "_written", "_stream", "_rate", "_deadline", "_corr",
+                  "_mmeets")
 
 
 class MonitorTable:
@@ -104,6 +106,7 @@ class MonitorTable:
     _device: npt.NDArray[np.int8]
     _mem: npt.NDArray[np.float64]
     _written: npt.NDArray[np.float64]
+    _stream: npt.NDArray[np.float64]
     _rate: npt.NDArray[np.float64]
     _deadline: npt.NDArray[np.float64]
     _corr: npt.NDArray[np.float64]  # learnt log-correction of its latency (monitors/warm.py)
@@ -140,6 +143,7 @@ class MonitorTable:
             "_device": np.zeros(capacity, dtype=np.int8),
             "_mem": np.zeros(capacity),
             "_written": np.zeros(capacity),
+            "_stream": np.zeros(capacity),
             "_rate": np.zeros(capacity),
             "_deadline": np.zeros(capacity),
             "_corr": np.zeros(capacity),
@@ -186,6 +190,7 @@ class MonitorTable:
             j = self._k + pos
             self._of[j], self._pos[j], self._base[j] = i, pos, m.base_ms
             self._device[j], self._mem[j], self._written[j] = DEVICE_INDEX[m.device], m.memory_bytes, m.written_mb
+            self._stream[j] = m.stream_ms if m.device == "cpu" else 0.0
             self._rate[j], self._deadline[j], self._corr[j] = m.rate_hz, m.deadline_ms, 0.0
             self._mmeets[j] = meets if member_meets is None else member_meets[pos]
         self._k += len(members)
@@ -250,9 +255,19 @@ class MonitorTable:
         n = self._n
         return dict(zip(self._ids, zip(self._seq[:n].tolist(), self._meets[:n].tolist(), strict=True), strict=True))
 
-    def set_base(self, monitor: str, bases: Sequence[float]) -> None:
-        """Its members' calibrated latencies again (a calibration was redone)."""
-        self._base[self._rows(self._index[monitor])] = bases
+    def set_base(self, monitor: str, bases: Sequence[float], streams: Sequence[float] | None = None) -> None:
+        """Its members' calibrated latencies (and stream_ms) again (a calibration was redone)."""
+        rows = self._rows(self._index[monitor])
+        self._base[rows] = bases
+        if streams is not None:
+            self._stream[rows] = np.where(self._device[rows] == DEVICE_INDEX["cpu"], streams, 0.0)
+
+    def streams(self, share: float) -> bool:
+        """Whether any member's streamed time is at least `share` of its calibrated latency (a memory slowdown
+        would move it)."""
+        k = self._k
+        stream = self._stream[:k]
+        return bool(np.any((stream > 0) & (stream >= share * self._base[:k])))
 
     def set_corrections(self, monitor: str, log_corrections: Sequence[float]) -> None:
         """Its members' learnt log-corrections (monitors/warm.py)."""
@@ -283,7 +298,7 @@ class MonitorTable:
         for c in np.unique(member_class).tolist():
             at = member_class == c
             lat[at] = latencies_ms(self._base[:k][at], self._device[:k][at], memory[at], self._written[:k][at],
-                                   speeds[c])
+                                   speeds[c], self._stream[:k][at])
         return lat * np.exp(self._corr[:k])
 
     def evaluate(self, now: float, speeds: Speed | Sequence[Speed], veto: bool = False) -> list[Change]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 9  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+FORMAT_VERSION = 10  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
 # 4: the cache size measured, not reported; overheads from the wall clock alone; 5: the read rates over
 # working sets around the cache; every reading the fastest of three passes; 6: read rates by
 # onnxruntime's own MatMul, out to eight times the reported cache; 7: the warm refresh's reference is the
 # wall time of a lock-stepped multi-threaded probe; 8: the LLM kernels (MatMulNBits, int8 matmuls,
 # GroupQueryAttention, rotary, RMS norms, quantized gathers); 9: the read-rate sweep out to 1 GiB or more, and
-# the rate of a chain of float products over weights the session holds (FloatReads, quantized_read_rates["gemm"])
+# the rate of a chain of float products over weights the session holds (FloatReads, quantized_read_rates["gemm"]);
+# 10: Where's condition as masks are (runs, not coin flips: 6x faster), the warm refresh's stream probe
 
 
 # The families calibrated over multi-dimensional grids of compute (FLOPs); the others are memory-bound,

@@ -293,3 +293,24 @@ class CpuProbe:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def last_level_cache_bytes(sysfs_root: str = "/sys") -> int:
+    """The largest CPU cache (0 when sysfs does not say): weights beyond it stream from memory."""
+    best = 0
+    base = os.path.join(sysfs_root, "devices/system/cpu/cpu0/cache")
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(os.path.join(base, entry, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best

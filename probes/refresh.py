@@ -3,14 +3,22 @@
 `reference()` right after cold calibration is the quiet device; later,
 `slowdown(measure(), reference)` is how much slower one inference runs now,
 and `handoff_ms_per_mb(measure(), reference)` what the host adds on top per
-MB of activations the intra-op threads hand each other.
+MB of activations the intra-op threads hand each other, and
+`memory_slowdown(measure(stream=True), reference)` how much slower than
+calibrated memory streams, beyond that.
 
 Two probes, their runs alternating in one window: a compute probe (3x3
 convolutions, whose threads each keep to their part of the image) and a
 handoff probe (depthwise and pointwise convolutions over large activations,
 whose threads read what the other core wrote). A host whose vCPUs sit apart
 some of the time (docs/device-state.md) slows the second 2-3x and the first
-hardly at all; time slicing and lower clocks slow both alike.
+hardly at all; time slicing and lower clocks slow both alike. Where asked,
+a third probe streams a buffer twice the last-level cache through a
+one-row MatMul, as a decode step reads its weights: a neighbour that takes
+memory bandwidth slows it more than the compute probe, and that ratio is
+what a model's streamed bytes pay on top of the CPU's slowdown. It is asked
+for only while a priced model streams (its buffer, tens of MB, is made on
+first use and dropped by the first refresh that does not ask for it).
 
 Each probe runs as an app runs a model: a session with onnxruntime's
 default options (intra-op threads = the physical cores, pinned, spinning
@@ -50,12 +58,15 @@ import onnx
 import psutil
 from onnx import TensorProto, helper, numpy_helper
 
+from probes.cpu import last_level_cache_bytes
+
 CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
 MIN_RUNS = 3
 REFERENCE_RUNS = 3  # the reference keeps the fastest of this many refreshes (the quiet device), and of earlier ones
 LOCKSTEP_KEY = "lockstep_s"  # wall seconds per run of the compute probe, mean over the window
 HANDOFF_KEY = "handoff_s"  # wall seconds per run of the handoff probe, mean over the same window
+STREAM_KEY = "stream_s"  # wall seconds per run of the stream probe, mean over the same window (where asked)
 THREADS_KEY = "threads"
 CORES_KEY = "cores"
 # onnxruntime 1.31 reads IR versions up to 13; onnx 1.23 writes 14 by default.
@@ -71,6 +82,11 @@ HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS = 3, 32, 112
 # MB of activations the cost model's plan says the handoff probe writes per run (Plan.written_mb; a test
 # checks it), so that its extra time converts to the same ms per MB the estimator charges a model.
 HANDOFF_MB = 12.845
+# The stream probe's buffer: twice the last-level cache the kernel reports, so that a cyclic read of it comes from
+# memory, within these bounds (a host with hundreds of MB of cache is read partly from its cache: the probe then
+# follows bandwidth less closely, and costs no more than this).
+STREAM_MIN_BYTES, STREAM_MAX_BYTES = 16 * 2 ** 20, 96 * 2 ** 20
+STREAM_WIDTH = 4096  # the buffer is rows of this many float32, the weights of x[1, k] @ w[k, STREAM_WIDTH]
 
 
 def _layer(kind: str, i: int, x: str, channels: int,
@@ -116,6 +132,22 @@ def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
     return _build_model(("depthwise", "pointwise") * HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS)
 
 
+def stream_probe(cache_bytes: int) -> tuple[bytes, dict[str, np.ndarray]]:
+    """y = x[1, k] @ w[k, STREAM_WIDTH], the weights an input (no prepacked copy) of about twice `cache_bytes`,
+    each row with a value of its own (not a page of zeros shared by the kernel)."""
+    size = min(max(2 * cache_bytes, STREAM_MIN_BYTES), STREAM_MAX_BYTES)
+    rows = max(1, size // (4 * STREAM_WIDTH))
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "stream_probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows]),
+                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [rows, STREAM_WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, STREAM_WIDTH])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    weights = np.empty((rows, STREAM_WIDTH), np.float32)
+    weights[:] = np.linspace(0.01, 0.02, rows, dtype=np.float32)[:, None]
+    return model.SerializeToString(), {"x": np.full((1, rows), 0.5, np.float32), "w": weights}
+
+
 def default_threads() -> int:
     """onnxruntime's default intra-op thread count: the physical cores."""
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
@@ -139,24 +171,40 @@ class WarmRefresh:
         # The intra-op threads spin between kernels as an app's do, but stop when a run returns: else they
         # would spin on for about 50 ms after each refresh, a quarter of its CPU and in the app's way.
         options.add_session_config_entry("session.force_spinning_stop", "1")
-        self._probes = [(ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"]), feeds)
-                        for blob, feeds in (compute_probe(), handoff_probe())]
+        self._options = options
+        self._probes = [self._session(compute_probe()), self._session(handoff_probe())]
+        self._stream: tuple[Any, dict[str, np.ndarray]] | None = None  # made on first use (stream_probe)
         self.last_cpu_s: float | None = None
         self.last_runs: int = 0
 
-    def measure(self) -> dict[str, float]:
-        """Wall seconds per run of each probe (mean over the window; their runs alternate, so that both see the
-        same background), threads, cores."""
+    def _session(self, probe: tuple[bytes, dict[str, np.ndarray]]) -> tuple[Any, dict[str, np.ndarray]]:
+        import onnxruntime as ort  # noqa: PLC0415 - imported by __init__ already
+
+        blob, feeds = probe
+        return ort.InferenceSession(blob, self._options, providers=["CPUExecutionProvider"]), feeds
+
+
+    def measure(self, stream: bool = False) -> dict[str, float]:
+        """Wall seconds per run of each probe (mean over the window; their runs alternate, so that all see the
+        same background), threads, cores; the stream probe's too where `stream` (without, its buffer is
+        dropped)."""
         with self._lock:  # one refresh at a time: two would slow each other down
+            probes = list(self._probes)
+            if not stream:
+                self._stream = None
+            elif self._stream is None:
+                self._stream = self._session(stream_probe(last_level_cache_bytes()))
+            if self._stream is not None:
+                probes.append(self._stream)
             cpu_start = time.process_time()  # the whole process: onnxruntime's threads included
-            for session, feeds in self._probes:
+            for session, feeds in probes:
                 session.run(None, feeds)  # untimed: wakes the intra-op threads
             deadline_cpu = time.process_time() + self.cpu_budget_s
             runs = 0
-            walls = [0.0] * len(self._probes)
+            walls = [0.0] * len(probes)
             start = time.perf_counter()
             while True:
-                for i, (session, feeds) in enumerate(self._probes):
+                for i, (session, feeds) in enumerate(probes):
                     t = time.perf_counter()
                     session.run(None, feeds)
                     walls[i] += time.perf_counter() - t
@@ -166,18 +214,22 @@ class WarmRefresh:
                     break
             self.last_cpu_s = time.process_time() - cpu_start
             self.last_runs = runs
-            return {LOCKSTEP_KEY: walls[0] / runs, HANDOFF_KEY: walls[1] / runs, THREADS_KEY: float(self.threads),
-                    CORES_KEY: float(self.cores)}
+            out = {LOCKSTEP_KEY: walls[0] / runs, HANDOFF_KEY: walls[1] / runs, THREADS_KEY: float(self.threads),
+                   CORES_KEY: float(self.cores)}
+            if stream:
+                out[STREAM_KEY] = walls[2] / runs
+            return out
 
     def reference(self, earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
         """The quiet device: each probe's fastest of REFERENCE_RUNS refreshes now and of `earlier` ones
         (interference only ever adds time)."""
         readings = [m for m in earlier if m.get(LOCKSTEP_KEY)]
-        readings += [self.measure() for _ in range(REFERENCE_RUNS)]
+        readings += [self.measure(stream=True) for _ in range(REFERENCE_RUNS)]
         out = dict(min(readings, key=lambda m: m[LOCKSTEP_KEY]))
-        handoffs = [m[HANDOFF_KEY] for m in readings if m.get(HANDOFF_KEY)]
-        if handoffs:
-            out[HANDOFF_KEY] = min(handoffs)
+        for key in (HANDOFF_KEY, STREAM_KEY):
+            times = [m[key] for m in readings if m.get(key)]
+            if times:
+                out[key] = min(times)
         return out
 
 
@@ -193,9 +245,9 @@ def _instance() -> WarmRefresh:
     return _default
 
 
-def measure() -> dict[str, float]:
-    """The present measurement (the session is created on the first call, then reused)."""
-    return _instance().measure()
+def measure(stream: bool = False) -> dict[str, float]:
+    """The present measurement (the sessions are created on the first call, then reused)."""
+    return _instance().measure(stream)
 
 
 def reference(earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
@@ -227,3 +279,22 @@ def handoff_ms_per_mb(now: dict[str, float], reference: dict[str, float]) -> flo
         return None
     extra = 1000.0 * (a - ratio * b) / HANDOFF_MB
     return max(0.0, extra) if math.isfinite(extra) else None
+
+
+# The memory multiplier's bounds. Below 1 too: a shared host's bandwidth moves with its neighbours for minutes at a
+# time (a 2-core EPYC VM read 42 GB/s in one calibration and 56 in the next, a minute apart), and a calibration
+# taken in a slow spell would price every decode step high for as long as the host runs faster.
+MIN_MEMORY_SLOWDOWN, MAX_MEMORY_SLOWDOWN = 0.5, 8.0
+
+
+def memory_slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:
+    """How much slower than calibrated memory streams now, beyond the CPU's slowdown: the stream probe's slowdown
+    over the compute probe's (time slicing and clocks slow both; a neighbour that takes bandwidth slows the stream
+    probe more). A model's streamed time pays it on top of the CPU multiplier (monitors/speed/present.py). None
+    where either reading lacks the stream probe."""
+    ratio = slowdown(now, reference)
+    a, b = now.get(STREAM_KEY), reference.get(STREAM_KEY)
+    if ratio is None or not a or not b or a <= 0 or b <= 0:
+        return None
+    value = a / b / ratio
+    return min(MAX_MEMORY_SLOWDOWN, max(MIN_MEMORY_SLOWDOWN, value)) if math.isfinite(value) else None

@@ -10,11 +10,14 @@ different slowdowns.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import threading
 import time
 
 import pytest
+from agent_harness import client, request_v5
+from models import weightless_mlp
 
 from agent.calibration_store import load as load_calibration
 from agent.config import load_config
@@ -22,15 +25,15 @@ from agent.service import Agent
 from agent.simulation.trees import vm
 from monitors.speed.prediction import predict_cpu
 from monitors.speed.present import fastest
-from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY
+from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY, STREAM_KEY
 from probes.state import Sampler
 
 
 @contextlib.asynccontextmanager
-async def vm_agent(state_dir, broker, tree, device_id: str, measure):
-    """A running agent on the fixture tree, with `measure` as its warm refresh."""
+async def vm_agent(state_dir, broker, tree, device_id: str, measure, config=None):
+    """A running agent on the fixture tree, with `measure` as its warm refresh (and the TOML file `config`)."""
 
-    cfg = load_config(None, {"broker": broker.url, "device_id": device_id, "state_dir": str(state_dir),
+    cfg = load_config(config, {"broker": broker.url, "device_id": device_id, "state_dir": str(state_dir),
                              "sysfs_root": str(tree.sys), "procfs_root": str(tree.proc), "sample_interval_s": 0.1,
                              "calibration": "quick"})
     agent = Agent(cfg, sampler=Sampler(tree.sys, tree.proc, ppd=False), measure=measure)
@@ -48,6 +51,7 @@ async def until(task: asyncio.Task, condition) -> None:
             return
         assert not task.done(), task
         await asyncio.sleep(0.05)
+    raise AssertionError("not within 30 s")
 
 
 async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pairs_it_with_the_next_sample(
@@ -58,7 +62,7 @@ async def test_agent_on_a_vm_fixture_tree_runs_one_slow_refresh_at_a_time_and_pa
     lock = threading.Lock()
     tree = vm(tmp_path / "tree")
 
-    def measure() -> dict[str, float]:
+    def measure(stream: bool = False) -> dict[str, float]:
         with lock:
             calls.append(time.monotonic())
         tree.set_stat(busy=5000, idle=14000, steal=1000, running=7)
@@ -86,7 +90,7 @@ async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_t
     reference = load_calibration(state_dir, "cpu").refresh_reference
     assert HANDOFF_KEY in reference  # the calibration read both probes
 
-    def measure() -> dict[str, float]:
+    def measure(stream: bool = False) -> dict[str, float]:
         return {**reference, HANDOFF_KEY: reference[HANDOFF_KEY] + HANDOFF_MB * 1e-4}
 
     async with vm_agent(state_dir, mosquitto, vm(tmp_path / "tree"), "refresh2", measure) as (agent, task):
@@ -96,3 +100,42 @@ async def test_agent_on_a_vm_fixture_tree_charges_a_refresh_s_handoff_extra_by_t
         assert fastest({"cpu": 10.0}, speed, 0, 40.0) == (pytest.approx(10.0 * speed.cpu + 4.0), "cpu")
         assert fastest({"cpu": 10.0}, speed, 0, 0.0) == (pytest.approx(10.0 * speed.cpu), "cpu")
 
+
+async def test_agent_on_a_vm_fixture_tree_reads_memory_s_speed_only_while_a_monitor_streams_and_charges_that_monitor(
+        state_dir, mosquitto, tmp_path):
+    """A neighbour takes memory bandwidth: the stream probe reads 2x its reference, the compute probe as calibrated.
+    The agent runs the stream probe only while a monitor's model streams its weights (an MLP of 256 MB), and
+    that monitor's latency pays the memory multiplier on its streamed time alone."""
+
+    reference = load_calibration(state_dir, "cpu").refresh_reference
+    assert STREAM_KEY in reference  # the calibration read the stream probe
+    asked: list[bool] = []
+
+    def measure(stream: bool = False) -> dict[str, float]:
+        asked.append(stream)
+        return {**reference, STREAM_KEY: 2.0 * reference[STREAM_KEY]} if stream else \
+            {k: v for k, v in reference.items() if k != STREAM_KEY}
+
+    streaming = base64.b64encode(weightless_mlp(4096, 4, 1)).decode()
+    config = tmp_path / "agent.toml"
+    config.write_text("[agent]\nrefresh_interval_s = 0.5\n")
+    async with vm_agent(state_dir, mosquitto, vm(tmp_path / "tree"), "refresh3", measure, config) as (agent, task):
+        await until(task, lambda: len(asked) >= 1)
+        assert asked == [False] and agent.speed.speed.memory == 1.0  # no monitor yet: no buffer, no reading
+        async with client(mosquitto.port) as c:
+            created, _ = await request_v5(c, "refresh3", "monitors/create",
+                                          {"onnx": streaming, "requiredTier": "poor", "monitor": "big"})
+            assert created["status"] == "ok", created
+            (w,) = agent.registry.records["big"].workloads
+            assert w.stream_ms > 0.5 * w.base_ms["cpu"]  # its weights come from memory
+            await until(task, lambda: agent.speed.speed.memory == pytest.approx(2.0))
+            assert asked[-1] is True, asked
+            speed = agent.speed.speed
+            (latency,) = agent.registry.estimates_ms(agent.speeds)["big"]
+            assert latency == pytest.approx(
+                (w.base_ms["cpu"] + w.stream_ms) * speed.cpu + w.written_mb * speed.handoff_ms_per_mb, rel=1e-3)
+            deleted, _ = await request_v5(c, "refresh3", "monitors/delete", {"monitor": "big"})
+            assert deleted["status"] == "ok", deleted
+            count = len(asked)
+            await until(task, lambda: len(asked) > count)
+            assert asked[-1] is False  # nothing streams now: the probe's buffer goes

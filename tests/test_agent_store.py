@@ -53,6 +53,19 @@ def test_monitors_and_seq_round_trip(tmp_path: Path):
     assert [m.monitor for m in loaded] == ["b"]
 
 
+def test_a_workload_s_stream_time_round_trips_and_older_files_have_none():
+    streaming = StoredWorkload("", GOOD, "cpu", {"cpu": '{"kernels": []}'}, {"cpu": 40.0}, 10, stream_ms=31.5)
+    again = StoredWorkload.from_json(json.loads(json.dumps(streaming.to_json())))
+    assert again.stream_ms == 31.5 and again.member().stream_ms == 31.5
+    older = streaming.to_json()
+    del older["streamMs"]
+    assert StoredWorkload.from_json(older).stream_ms == 0.0
+    slow_memory = Speed(cpu=1.0, gpu=None, memory=2.0)
+    assert again.present_ms(slow_memory) == pytest.approx(40.0 + 31.5)
+    with pytest.raises(ValueError, match="stream"):
+        StoredWorkload.from_json(streaming.to_json() | {"streamMs": -1.0})
+
+
 def test_a_monitor_file_newer_than_the_seq_file_wins(tmp_path: Path):
     store = MonitorStore(tmp_path)
     store.prepare()

@@ -159,6 +159,20 @@ def test_weights_beyond_the_measured_cache_stream_at_the_measured_rate():
     assert held_large.seconds(_gemv_plan(side)) < streamed / 3
 
 
+def test_a_memory_slowdown_stretches_only_the_time_a_plan_streams():
+    side = 4096  # 64 MiB of weights, read at 5 GB/s: a decode step's product
+    table = _gemm_table()
+    cal = dict(fingerprint={"device": "cpu"}, tables={"gemm": table}, per_kernel_s=0.0, per_run_s=0.0,
+               stream_bytes_per_s=5e9, cache_bytes=32 * 2 ** 20)
+    cm = CostModel(Calibration(**cal))
+    plan = _gemv_plan(side)
+    streamed = 4 * side * side / 5e9
+    assert cm.seconds(plan, memory=2.0) == pytest.approx(2 * streamed)
+    assert cm.stream_seconds(plan) == pytest.approx(streamed)
+    held = _gemv_plan(1024)  # 4 MiB: held in the cache, priced by the table alone
+    assert cm.stream_seconds(held) == 0.0 and cm.seconds(held, memory=3.0) == cm.seconds(held)
+
+
 def test_weights_a_little_beyond_the_cache_read_at_the_rate_measured_for_that_working_set():
     mib = 2 ** 20
     rates = ((16 * mib, 4e9), (32 * mib, 2.5e9), (64 * mib, 2e9))  # slow enough to bind over the table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -98,6 +100,23 @@ def test_handoff_extra_adds_each_cpu_monitor_s_written_mb_and_spares_the_gpu_s()
     assert t.evaluate(0.0, factors(1.0, gpu=1.0, handoff=0.1)) == [Change("bytes", False, 4)]
     t.remove("flops")  # the swap-remove keeps each monitor's bytes with it
     assert t.latencies(factors(2.0, gpu=1.0, handoff=0.1)).tolist() == pytest.approx([30.0, 12.0])
+
+
+def test_a_memory_slowdown_moves_the_monitors_that_stream_and_only_them():
+    """A neighbour that takes memory bandwidth slows a decode step (its weights streamed) and not a convolution
+    net priced from the cache (monitors/speed/present.py)."""
+    t = MonitorTable(MonitorRules(dwell_s=0.0))
+    t.add("decode", [Member(60.0, "cpu", bound_ms("good"), stream_ms=50.0)], meets=True, seq=1)
+    t.add("cnn", [Member(60.0, "cpu", bound_ms("good"))], meets=True, seq=2)
+    t.add("gpu", [Member(60.0, "gpu", bound_ms("good"), stream_ms=50.0)], meets=True, seq=3)  # not the CPU's memory
+    assert t.streams(0.5) and not t.streams(0.9)
+    slow = dataclasses.replace(factors(1.0, gpu=1.0), memory=2.2)
+    assert t.latencies(slow).tolist() == pytest.approx([120.0, 60.0, 60.0])  # past 100 ms and its margin
+    assert t.evaluate(0.0, slow) == [Change("decode", False, 4)]
+    t.remove("decode")  # the swap-remove keeps each member's stream time with it
+    assert not t.streams(0.01)
+    t.set_base("cnn", [60.0], [30.0])  # a calibration redone: the stream time with the base
+    assert t.latencies(slow).tolist() == pytest.approx([60.0, 60.0 + 1.2 * 30.0])  # the GPU member took its row
 
 
 def test_poor_tier_is_met_by_any_finite_latency():

@@ -164,6 +164,21 @@ def test_laptop_fixture_tree_present_speed_takes_the_handoff_extra_only_from_a_r
     assert present.observe(quiet, 11.0).handoff_ms_per_mb == pytest.approx(0.01)  # a quiet reading replaces it
 
 
+def test_laptop_fixture_tree_present_speed_keeps_the_last_memory_reading_until_a_refresh_reads_it_again(states):
+    quiet, loaded = states[0], states[2]
+    present = PresentSpeed(threads=4, policy=RefreshPolicy(period_s=1))
+    present.observe(quiet, 0.0)
+    assert present.start_refresh(0.0)
+    present.refreshed(1.0, 0.0, started_at=0.0, cpu_s=0.01, memory=1.5)
+    assert present.observe(quiet, 1.0).memory == pytest.approx(1.5)
+    assert present.start_refresh(5.0)
+    present.refreshed(2.5, None, started_at=5.0, cpu_s=0.01)  # no monitor streams: the stream probe not run
+    assert present.observe(loaded, 6.0).memory == pytest.approx(1.5)
+    assert present.start_refresh(10.0)
+    present.refreshed(1.0, 0.0, started_at=10.0, cpu_s=0.01, memory=1.0)
+    assert present.observe(quiet, 11.0).memory == 1.0  # the neighbour has gone
+
+
 def test_laptop_fixture_tree_present_speed_holds_through_the_agent_s_own_work(states):
     """A state sampled during a calibration moves nothing: the speed stays what it was, and a warm refresh
     paired with it is dropped (its reading is the agent's own work)."""

@@ -16,12 +16,18 @@ from probes.refresh import (
     HANDOFF_KEY,
     HANDOFF_MB,
     LOCKSTEP_KEY,
+    MIN_MEMORY_SLOWDOWN,
     MIN_RUNS,
+    STREAM_KEY,
+    STREAM_MAX_BYTES,
+    STREAM_MIN_BYTES,
     WarmRefresh,
     compute_probe,
     handoff_ms_per_mb,
     handoff_probe,
+    memory_slowdown,
     slowdown,
+    stream_probe,
 )
 
 
@@ -38,6 +44,34 @@ def test_measure_runs_two_real_multithreaded_onnxruntime_probes_with_cached_sess
     assert [session for session, _ in warm._probes] == sessions  # created once, reused
     assert warm.last_cpu_s is not None and warm.last_cpu_s > 0
     assert warm.last_runs >= MIN_RUNS
+
+
+def test_the_stream_probe_runs_only_when_asked_and_its_buffer_goes_with_the_first_refresh_that_does_not_ask():
+    warm = WarmRefresh(threads=2, cpu_budget_s=0.02, max_wall_s=30.0)
+    assert STREAM_KEY not in warm.measure() and warm._stream is None  # nothing held at rest
+    streamed = warm.measure(stream=True)
+    assert 0 < streamed[STREAM_KEY] < 1.0
+    session = warm._stream
+    assert session is not None and warm.measure(stream=True) and warm._stream is session  # kept while asked for
+    assert STREAM_KEY not in warm.measure() and warm._stream is None
+
+
+def test_stream_probe_reads_twice_the_cache_from_distinct_rows_within_bounds():
+    _, feeds = stream_probe(32 * 2 ** 20)
+    assert feeds["w"].nbytes == pytest.approx(64 * 2 ** 20, rel=0.01)
+    assert feeds["w"][0, 0] != feeds["w"][-1, 0]  # real pages, not the kernel's shared page of zeros
+    assert stream_probe(0)[1]["w"].nbytes == pytest.approx(STREAM_MIN_BYTES, rel=0.01)
+    assert stream_probe(2 ** 30)[1]["w"].nbytes == pytest.approx(STREAM_MAX_BYTES, rel=0.01)
+
+
+def test_memory_slowdown_is_the_stream_probe_s_beyond_the_compute_probe_s():
+    reference = {LOCKSTEP_KEY: 1e-3, STREAM_KEY: 2e-3}
+    assert memory_slowdown({LOCKSTEP_KEY: 2e-3, STREAM_KEY: 6e-3}, reference) == pytest.approx(1.5)
+    assert memory_slowdown({LOCKSTEP_KEY: 2e-3, STREAM_KEY: 4e-3}, reference) == 1.0  # time slicing alone
+    assert memory_slowdown({LOCKSTEP_KEY: 1e-3, STREAM_KEY: 1.5e-3}, reference) == 0.75  # a faster spell than then
+    assert memory_slowdown({LOCKSTEP_KEY: 1e-3, STREAM_KEY: 1e-4}, reference) == MIN_MEMORY_SLOWDOWN
+    assert memory_slowdown({LOCKSTEP_KEY: 1e-3}, reference) is None  # not read
+    assert memory_slowdown({LOCKSTEP_KEY: 1e-3, STREAM_KEY: 1e-3}, {LOCKSTEP_KEY: 1e-3}) is None  # an older reference
 
 
 def test_measure_stops_at_its_wall_limit():
@@ -58,7 +92,7 @@ def test_reference_keeps_the_fastest_refresh():
     readings = iter([3e-3, 1e-3, 2e-3])
 
     class Scripted(WarmRefresh):
-        def measure(self):
+        def measure(self, stream=False):
             return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
 
     assert Scripted(threads=1).reference()[LOCKSTEP_KEY] == 1e-3
@@ -68,7 +102,7 @@ def test_reference_keeps_each_probe_s_fastest_reading():
     readings = iter([(3e-3, 0.5e-3), (1e-3, 0.9e-3), (2e-3, 0.6e-3)])
 
     class Scripted(WarmRefresh):
-        def measure(self):
+        def measure(self, stream=False):
             lockstep, handoff = next(readings)
             return {LOCKSTEP_KEY: lockstep, HANDOFF_KEY: handoff, "threads": 2.0, "cores": 2.0}
 
@@ -117,7 +151,7 @@ def test_reference_keeps_an_earlier_faster_refresh_and_skips_old_format_ones():
     readings = iter([3e-3, 2e-3, 2.5e-3])
 
     class Scripted(WarmRefresh):
-        def measure(self):
+        def measure(self, stream=False):
             return {LOCKSTEP_KEY: next(readings), "threads": 2.0, "cores": 2.0}
 
     earlier = [{LOCKSTEP_KEY: 4e-3}, {LOCKSTEP_KEY: 1.5e-3, "threads": 2.0}, {"share": 0.1}]
@@ -132,14 +166,14 @@ def test_a_real_quick_calibration_reads_the_probe_in_its_pass_and_keeps_the_fast
     readings = iter([1e-3, 3e-3, 2e-3, 2.5e-3])  # the pass's reading first, then the three after it
     given = []
 
-    def scripted(self):
-        given.append(next(readings))
-        return {LOCKSTEP_KEY: given[-1], "threads": 2.0, "cores": 2.0}
+    def scripted(self, stream=False):
+        given.append((next(readings), stream))
+        return {LOCKSTEP_KEY: given[-1][0], STREAM_KEY: 2 * given[-1][0], "threads": 2.0, "cores": 2.0}
 
     monkeypatch.setattr(WarmRefresh, "measure", scripted)
     cal = microbench.calibrate(quick=True)
-    assert len(given) == 4
-    assert cal.refresh_reference[LOCKSTEP_KEY] == 1e-3
+    assert len(given) == 4 and all(stream for _, stream in given)  # the stream probe's reference too
+    assert cal.refresh_reference[LOCKSTEP_KEY] == 1e-3 and cal.refresh_reference[STREAM_KEY] == 2e-3
 
 
 @pytest.mark.host  # its quiet reference is timed on the real CPU: beside the parallel tests it read 1.24x, not 1.5

@@ -34,7 +34,17 @@ from monitors.speed.prediction import (
     lockstep_penalty,
     predict_accelerator,
 )
-from monitors.speed.present import MAX_HANDOFF_MS_PER_MB, Measurement, Speed, blend, combine, speed_from_state
+from monitors.speed.present import (
+    MAX_HANDOFF_MS_PER_MB,
+    MAX_MEMORY,
+    MIN_MEMORY,
+    Measurement,
+    Speed,
+    blend,
+    combine,
+    fastest,
+    speed_from_state,
+)
 from probes.refresh import handoff_probe
 from probes.state import Sampler
 
@@ -301,6 +311,21 @@ def test_vm_fixture_tree_handoff_extra_is_the_measurement_s_and_bounded(tmp_path
     assert speed_from_state(state, 2, m(1.02, handoff=0.12)).handoff_ms_per_mb == pytest.approx(0.12)
     for wild, bounded in ((math.nan, 0.0), (-1.0, 0.0), (1e9, MAX_HANDOFF_MS_PER_MB)):
         assert speed_from_state(state, 2, m(1.0, handoff=wild)).handoff_ms_per_mb == bounded
+
+
+def test_vm_fixture_tree_memory_multiplier_is_the_stream_probe_s_and_stretches_only_streamed_time(tmp_path):
+    state = sampled(vm(tmp_path))
+    assert speed_from_state(state, 2, m(1.0), current=True).memory == 1.0  # none read
+    slow = speed_from_state(state, 2, Measurement(1.0, None, memory=1.6), current=True)
+    assert slow.memory == pytest.approx(1.6)
+    assert any("memory streams 1.60x slower" in r for r in slow.reasons)
+    for wild, bounded in ((math.nan, 1.0), (0.8, 0.8), (0.01, MIN_MEMORY), (1e9, MAX_MEMORY)):
+        assert speed_from_state(state, 2, Measurement(1.0, None, memory=wild)).memory == bounded
+    # a decode step of 30 ms that streams 25 of them, and a convolution net of 30 ms that streams none
+    speed = Speed(cpu=2.0, gpu=None, memory=1.6)
+    assert fastest({"cpu": 30.0}, speed, stream_ms=25.0)[0] == pytest.approx(2.0 * (30.0 + 0.6 * 25.0))
+    assert fastest({"cpu": 30.0}, speed)[0] == pytest.approx(60.0)
+    assert fastest({"gpu": 30.0}, dataclasses.replace(speed, gpu=1.0), stream_ms=25.0)[0] == 30.0  # the CPU's
 
 
 def test_estimate_adds_the_handoff_extra_for_the_bytes_the_cpu_plan_writes(estimator):

@@ -198,13 +198,15 @@ def _sample(sysfs_root: str, procfs_root: str) -> DeviceState:
 
 def _present_speed(state: DeviceState, reference: dict[str, float]) -> Speed:
     """The device's present speed: its state, then one warm refresh against the calibration's reference, as the
-    agent measures (none without a reference: the prediction alone)."""
+    agent measures (none without a reference: the prediction alone); the stream probe too where the reference has
+    it, so that a model that streams its weights pays a neighbour's use of memory bandwidth."""
     threads = refresh.default_threads()
     if not reference:
         return speed_from_state(state, threads)
-    now = refresh.measure()
+    now = refresh.measure(stream=refresh.STREAM_KEY in reference)
     measurement = Measurement.taken_in(state, threads, refresh.slowdown(now, reference),
-                                       refresh.handoff_ms_per_mb(now, reference))
+                                       refresh.handoff_ms_per_mb(now, reference),
+                                       refresh.memory_slowdown(now, reference))
     return speed_from_state(state, threads, measurement, current=True)
 
 

@@ -16,7 +16,7 @@ from agent.simulation.scenario import BATTERY_KEYS, CPUFREQ_KEYS, Scenario
 from agent.simulation.trees import BUILDERS, stat_with_ticks, write_atomic
 from monitors.errors import BadInput
 from monitors.speed.prediction import contention_factor
-from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, WarmRefresh
+from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, STREAM_KEY, WarmRefresh
 from probes.state import Sampler
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -309,12 +309,13 @@ class SimulatedRefresh:
         self.reference = reference
         self.bench = bench or simulated_probe()
 
-    def measure(self) -> dict[str, float]:
-        out = self.bench.measure()
+    def measure(self, stream: bool = False) -> dict[str, float]:
+        out = self.bench.measure(stream)
         others = self.device.load.running + self.device.app_cores  # busy processes and the apps' runs
         contention = contention_factor(self.bench.threads, others, self.device.cores)
-        for key in (LOCKSTEP_KEY, HANDOFF_KEY):  # both probes alike: the simulated device hands data as calibrated
-            if key in self.reference:
+        # all probes alike: the simulated device hands data and streams memory as calibrated
+        for key in (LOCKSTEP_KEY, HANDOFF_KEY, STREAM_KEY):
+            if key in self.reference and key in out:
                 out[key] = self.reference[key] * contention / self.device.clock_ratio
         return out
 

@@ -112,6 +112,7 @@ def _monotone(points: tuple[tuple[tuple[float, ...], float], ...]) -> list[tuple
     return out
 
 
+STREAM_SECANT = 2.0  # stream_seconds: the memory slowdown its secant reaches (a bandwidth hog read 1.3-2x here)
 WELL_TIMED_S = 20e-6  # kernels at least this long are timed well enough to bound the others
 
 
@@ -188,11 +189,13 @@ class CostModel:
         float_rate = float(np.exp(np.interp(math.log(size), sizes, rates)))
         return min(1.5, max(0.1, rate / float_rate))
 
-    def seconds(self, plan: Plan) -> float:
+    def seconds(self, plan: Plan, memory: float = 1.0) -> float:
+        """The plan's latency on the calibrated device, with memory streaming `memory` times slower than
+        calibrated (a neighbour that takes bandwidth)."""
         cal = self.calibration
         # Weights stay cached from one inference to the next only if they and the activations that
         # stream past them (the live ones, written and read again) fit in the last-level cache.
-        rate = self.weight_read_rate(plan.weight_bytes + 2 * plan.peak_activation_bytes)
+        rate = self.weight_read_rate(plan.weight_bytes + 2 * plan.peak_activation_bytes) / memory
         total = cal.per_run_s + cal.per_kernel_s * len(plan.kernels)
         for k in plan.kernels:
             t = self.kernel_seconds(k)
@@ -206,6 +209,12 @@ class CostModel:
                 t = max(t, stream) + self._unhidden(t, k) * min(t, stream)
             total += t
         return total
+
+    def stream_seconds(self, plan: Plan) -> float:
+        """What the plan's latency gains per unit of memory slowdown: the secant from calibrated memory to memory
+        STREAM_SECANT times slower (exact for a kernel that only streams; one that computes as long as it reads
+        gains less at first). 0 for a plan whose weights stay in the cache."""
+        return (self.seconds(plan, STREAM_SECANT) - self.seconds(plan)) / (STREAM_SECANT - 1.0)
 
     def _unhidden(self, t: float, k: Kernel) -> float:
         """The share of a kernel's weight reads from memory that its computing does not hide.

@@ -83,6 +83,16 @@ class Estimator:
             return generation_times(plan, lambda p: 1000.0 * model.seconds(p)).total_ms
         return 1000.0 * model.seconds(plan)
 
+    def stream_ms(self, plan: Plan | GenerationPlan, device: str = "cpu") -> float:
+        """What the latency at rest gains per unit of memory slowdown (CostModel.stream_seconds; of a whole
+        generation for a GenerationPlan); 0 on the GPU, whose memory no probe reads."""
+        if device != "cpu":
+            return 0.0
+        model = self._model(device)
+        if isinstance(plan, GenerationPlan):
+            return generation_times(plan, lambda p: 1000.0 * model.stream_seconds(p)).total_ms
+        return 1000.0 * model.stream_seconds(plan)
+
     def estimate(self, graph: Graph | Plan, device: str = "auto", speed: Speed = AT_REST) -> Estimate:
         """The estimate at `speed` (the device's present speed; at rest by default), priced as the agent
         prices its monitors (monitors/speed/present.py)."""
@@ -90,7 +100,8 @@ class Estimator:
         best: Estimate | None = None
         for dev in candidates:
             plan = graph if isinstance(graph, Plan) else self.plan(graph, dev)
-            latency, _ = fastest({dev: self.base_latency_ms(plan, dev)}, speed, plan.memory_bytes, plan.written_mb)
+            latency, _ = fastest({dev: self.base_latency_ms(plan, dev)}, speed, plan.memory_bytes, plan.written_mb,
+                                 self.stream_ms(plan, dev))
             est = Estimate(latency, tier_for(latency), dev, len(plan.kernels))
             if best is None or est.latency_ms < best.latency_ms:
                 best = est
@@ -136,5 +147,6 @@ class Estimator:
 def _present_ms(device: str, model: CostModel, speed: Speed) -> Callable[[Plan], float]:
     """A plan's present latency on `device` (its own closure, not the caller's loop variables)."""
     def price(p: Plan) -> float:
-        return fastest({device: 1000.0 * model.seconds(p)}, speed, 0, p.written_mb)[0]
+        stream = 1000.0 * model.stream_seconds(p) if device == "cpu" and speed.memory != 1.0 else 0.0
+        return fastest({device: 1000.0 * model.seconds(p)}, speed, 0, p.written_mb, stream)[0]
     return price

@@ -24,6 +24,13 @@ charges per MB of activations the intra-op threads hand each other. It grows wit
 its time, so a latency adds it; no signal predicts it, so it is the latest measurement's taken without
 contention (a reading beside others' threads is the scheduler's, not the host's).
 
+And the memory multiplier: how much slower than calibrated memory streams beyond the CPU's slowdown (a
+neighbour that takes memory bandwidth). Only a model's streamed time pays it (`stream_ms`: what its calibrated
+latency gains per unit of memory slowdown, the weights of a decode step read from memory), so a decode step
+slows more than a convolution beside such a neighbour. No signal predicts it either: it is the latest
+refresh's stream probe against its compute probe (probes/refresh.py, memory_slowdown), read only while a priced
+model streams.
+
 The agent's own work is never load from others: the CPU probe leaves out the agent's process tree, and
 a state sampled while the agent's own heavy work ran (a calibration) is marked: `PresentSpeed` keeps the
 speed it had before and takes no measurement from it, so it moves no monitor.
@@ -39,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,6 +70,9 @@ MAX_HANDOFF_MS_PER_MB = 2.0
 # two probes' runs fare differently by where the scheduler puts their wake-ups (0.1-0.3 ms/MB beside busy
 # processes, an app's own frames included), which the multiplier already prices.
 HANDOFF_QUIET_CONTENTION = 1.2
+# The memory multiplier: worth a reason from this much, and bounded as probes/refresh.py bounds it.
+NOTABLE_MEMORY = 1.1
+MIN_MEMORY, MAX_MEMORY = 0.5, 8.0
 FAILED_REFRESH_CPU_S = 0.05  # what a failed or discarded refresh is charged against the policy's budget
 
 
@@ -77,6 +88,8 @@ class Speed:
     predicted_cpu: float = 1.0  # what the signals alone say
     measured_cpu: float | None = None  # the latest warm-refresh slowdown, as given
     handoff_ms_per_mb: float = 0.0  # added to a CPU latency per MB its plan writes (Plan.written_mb)
+    memory: float = 1.0  # how much slower memory streams than calibrated, beyond `cpu` (a model's stream_ms pays it;
+    # below 1 where the host streams faster than in its calibration)
 
     def factors(self) -> np.ndarray:
         """The multiplier by device (DEVICES order); inf where the device is absent."""
@@ -85,6 +98,10 @@ class Speed:
     def handoffs(self) -> np.ndarray:
         """ms per MB written, by device (the GPU's: none measured)."""
         return np.array([self.handoff_ms_per_mb, 0.0])
+
+    def memories(self) -> np.ndarray:
+        """The memory multiplier by device (the GPU's: none measured)."""
+        return np.array([self.memory, 1.0])
 
     def holding(self, cpu_bytes: int, gpu_bytes: int) -> Speed:
         """This speed for an app that holds these bytes itself (its model's weights and caches, while it runs it):
@@ -105,28 +122,33 @@ AT_REST = Speed(gpu=1.0)  # the calibrated devices, quiet (`estimate --at-rest`,
 # -- the one latency formula --------------------------------------------------------------------------------------
 
 def latencies_ms(base_ms: np.ndarray, device: np.ndarray, memory_bytes: np.ndarray, written_mb: np.ndarray,
-                 speed: Speed) -> np.ndarray:
-    """The present latency of each model: its calibrated latency on its device times that device's
-    multiplier, plus the MB its plan writes times the device's handoff extra; infinite where its weights
-    and activations do not fit in the device's free memory (it cannot run there now).
+                 speed: Speed, stream_ms: np.ndarray | float = 0.0) -> np.ndarray:
+    """The present latency of each model: its calibrated latency on its device, its streamed time
+    (`stream_ms`, the calibrated latency's gain per unit of memory slowdown) stretched by the device's memory
+    multiplier, all times the device's multiplier, plus the MB its plan writes times the device's handoff
+    extra; infinite where its weights and activations do not fit in the device's free memory (it cannot
+    run there now).
 
     `device` holds DEVICE_INDEX values; the arrays are parallel.
     """
-    lat = base_ms * speed.factors()[device] + written_mb * speed.handoffs()[device]
+    own = base_ms + stream_ms * (speed.memories()[device] - 1.0)
+    lat = own * speed.factors()[device] + written_mb * speed.handoffs()[device]
     return np.where(memory_bytes > speed.free_bytes()[device], math.inf, lat)
 
 
 def fastest(base_ms: Mapping[str, float], speed: Speed, memory_bytes: int = 0,
-            written_mb: float = 0.0) -> tuple[float, str]:
+            written_mb: float = 0.0, stream_ms: float = 0.0) -> tuple[float, str]:
     """The fastest device's present latency for one model (calibrated latency by device), and that device.
-    The CPU where nothing is finite: it is where an app would try."""
+    The CPU where nothing is finite: it is where an app would try. `written_mb` and `stream_ms` are the CPU
+    plan's."""
     devices = [d for d in DEVICES if d in base_ms]
     if not devices:
         raise ValueError("no calibrated latency to price")
     n = len(devices)
     lat = latencies_ms(np.array([base_ms[d] for d in devices], dtype=np.float64),
                        np.array([DEVICE_INDEX[d] for d in devices]), np.full(n, float(memory_bytes)),
-                       np.full(n, float(written_mb)), speed)
+                       np.full(n, float(written_mb)), speed,
+                       np.array([stream_ms if d == "cpu" else 0.0 for d in devices]))
     best = int(np.argmin(lat))
     if not math.isfinite(lat[best]) and "cpu" in devices:
         return math.inf, "cpu"
@@ -143,15 +165,17 @@ class Measurement:
     handoff_ms_per_mb: float | None  # probes.refresh.handoff_ms_per_mb
     predicted: float = 1.0  # the predicted CPU slowdown then
     contention: float = 1.0  # ... and its share from time slicing then
+    memory: float | None = None  # probes.refresh.memory_slowdown (None: not read)
 
     @classmethod
     def taken_in(cls, state: DeviceState, threads: int, slowdown: float | None,
-                 handoff_ms_per_mb: float | None) -> Measurement:
+                 handoff_ms_per_mb: float | None, memory: float | None = None) -> Measurement:
         """The reading in `state`; its handoff figure only where nothing contends for the cores (None beside
-        others' threads: there it is the scheduler's, not the host's)."""
+        others' threads: there it is the scheduler's, not the host's). The memory figure in any state: it is a
+        ratio of two probes whose runs alternate, and time slicing slows both."""
         p = predict_cpu(state, threads)
         quiet = p.contention <= HANDOFF_QUIET_CONTENTION
-        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention)
+        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention, memory)
 
 
 def carried_correction(ratio: float, predicted: float, predicted_then: float) -> float:
@@ -215,6 +239,10 @@ def speed_from_state(state: DeviceState, threads: int, measurement: Measurement 
     handoff = min(MAX_HANDOFF_MS_PER_MB, max(0.0, handoff))
     if handoff >= NOTABLE_HANDOFF_MS_PER_MB:
         reasons.append(f"threads hand data across cores {handoff:.3f} ms/MB slower than calibrated")
+    memory = None if measurement is None else measurement.memory
+    memory = min(MAX_MEMORY, max(MIN_MEMORY, memory)) if memory is not None and math.isfinite(memory) else 1.0
+    if memory >= NOTABLE_MEMORY:
+        reasons.append(f"memory streams {memory:.2f}x slower than calibrated")
     gpu, gpu_free, gpu_reasons = predict_gpu(state)
     return Speed(
         cpu=round(min(MAX_FACTOR, max(MIN_FACTOR, cpu)), 4),
@@ -225,6 +253,7 @@ def speed_from_state(state: DeviceState, threads: int, measurement: Measurement 
         predicted_cpu=round(p.factor, 4),
         measured_cpu=measured,
         handoff_ms_per_mb=round(handoff, 5),
+        memory=round(memory, 4),
     )
 
 
@@ -289,7 +318,7 @@ class PresentSpeed:
         self.fresh_states = 0  # states observed free of the agent's own work
         self._own_reading: tuple[Speed, DeviceState] | None = None  # the last reading during the agent's own work
         self._refreshing = False  # a refresh is due, running, or its reading not yet paired
-        self._reading: tuple[float | None, float | None, float, float] | None = None  # slowdown, handoff, at, CPU s
+        self._reading: _Reading | None = None  # the latest refresh's, until the next state pairs it
 
     @property
     def measurement_current(self) -> bool:
@@ -343,9 +372,9 @@ class PresentSpeed:
         return True
 
     def refreshed(self, slowdown: float | None, handoff_ms_per_mb: float | None, started_at: float,
-                  cpu_s: float) -> None:
+                  cpu_s: float, memory: float | None = None) -> None:
         """A refresh's reading; taken with the next observed state."""
-        self._reading = (slowdown, handoff_ms_per_mb, started_at, cpu_s)
+        self._reading = _Reading(slowdown, handoff_ms_per_mb, memory, started_at, cpu_s)
 
     def refresh_failed(self, started_at: float) -> None:
         """A refresh that failed or overlapped the agent's own work: nothing measured, the budget charged."""
@@ -358,17 +387,27 @@ class PresentSpeed:
         self.measurement = None
         self._reading = None
 
-    def _pair(self, reading: tuple[float | None, float | None, float, float], state: DeviceState,
-              own_work: bool) -> None:
-        slowdown, handoff, at, cpu_s = reading
+    def _pair(self, reading: _Reading, state: DeviceState, own_work: bool) -> None:
         self._reading = None
         if own_work:
-            self.refresh_failed(at)
+            self.refresh_failed(reading.at)
             return
         assert self.policy is not None
-        self.policy.refreshed(state, at, cpu_s)
+        self.policy.refreshed(state, reading.at, reading.cpu_s)
         self._refreshing = False
-        m = Measurement.taken_in(state, self.threads, slowdown, handoff)
-        if m.handoff_ms_per_mb is None and self.measurement is not None:  # none read: the last one stands
-            m = replace(m, handoff_ms_per_mb=self.measurement.handoff_ms_per_mb)
+        m = Measurement.taken_in(state, self.threads, reading.slowdown, reading.handoff, reading.memory)
+        last = self.measurement
+        if last is not None:  # a figure not read this time: the last one stands
+            if m.handoff_ms_per_mb is None:
+                m = replace(m, handoff_ms_per_mb=last.handoff_ms_per_mb)
+            if m.memory is None:
+                m = replace(m, memory=last.memory)
         self.measurement = m
+
+
+class _Reading(NamedTuple):
+    slowdown: float | None
+    handoff: float | None
+    memory: float | None
+    at: float  # monotonic, when the refresh started
+    cpu_s: float
