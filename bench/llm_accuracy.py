@@ -40,7 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,10 @@ from bench import llm_zoo
 from bench.accuracy import error_cells, ms, pct
 from bench.groundtruth import _timed, cpu_model
 from monitors.graphs.importer import load_decoder
-from monitors.pricing.generation import GenerationSpec, generation_times
+from monitors.pricing.generation import GenerationSpec
 from monitors.pricing.tiers import rank, tier_for
+from monitors.speed.present import AT_REST, Speed, memory_multiplier
+from probes.refresh import WarmRefresh, memory_slowdown
 
 CACHE_FILE = Path(__file__).resolve().parent / ".cache" / "llm_groundtruth.json"
 PREFILLS = (64, 256, 1024, 2048)
@@ -92,6 +94,10 @@ class Row:
     real_tier: str | None = None
     tier_ok: bool | None = None
     problem: str | None = None
+    memory: float | None = None  # the memory multiplier read with the truth against the calibration's reference
+    present_ms: float | None = None  # the estimate at that memory multiplier (as the agent's present estimate)
+    present_error: float | None = None
+    present_tier_ok: bool | None = None
 
 
 # --- ground truth (the worker runs in a fresh process per model) -----------------------------------------------------
@@ -118,20 +124,26 @@ def _feeds(session: Any, case: Case, head_size: int) -> dict[str, Any]:
 
 
 def run_model(path: str, head_size: int, cases: list[tuple[int, int]], target_s: float = TARGET_S) -> dict[str, Any]:
-    """Time every case of one model in this process: one default session, warm-up, then the timed runs."""
+    """Time every case of one model in this process: one default session, warm-up, then the timed runs. Before
+    each case the warm refresh's probes, the stream probe too (`probe`): how fast memory streamed then, which the
+    estimate as the agent makes it (at the present memory speed) is priced at."""
 
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    refresh = WarmRefresh()
     out = {}
     for new_tokens, past in cases:
         case = Case(new_tokens, past)
         feeds = _feeds(session, case, head_size)
+        probe = refresh.measure(stream=True)
         warm = [_timed(session, feeds) for _ in range(WARMUP_RUNS)]
         repeats = int(max(MIN_REPEATS, min(500, target_s / max(min(warm), 1e-6))))
         times = [_timed(session, feeds) * 1000.0 for _ in range(repeats)]
         q1, median, q3 = np.percentile(times, [25, 50, 75])
         out[case.name] = {"median_ms": float(median), "iqr_ms": float(q3 - q1), "min_ms": float(min(times)),
-                          "repeats": repeats}
-    out[f"generation-{GENERATION[0]}-{GENERATION[1]}"] = run_generation(session, head_size, *GENERATION)
+                          "repeats": repeats, "probe": probe}
+    probe = refresh.measure(stream=True)
+    out[f"generation-{GENERATION[0]}-{GENERATION[1]}"] = {**run_generation(session, head_size, *GENERATION),
+                                                          "probe": probe}
     return out
 
 
@@ -242,6 +254,28 @@ def _head_size(fam: llm_zoo.Family, precision: str) -> int:
 
 # --- the estimate ----------------------------------------------------------------------------------------------------
 
+def _present_speed(real: dict[str, Any], estimator: Any) -> tuple[float | None, Speed]:
+    """The memory multiplier the truth was measured at (its probe against the calibration's reference), and the
+    speed at rest but for it; None and at rest where either lacks the stream probe."""
+    reading = memory_slowdown(real.get("probe") or {}, estimator.calibrations["cpu"].refresh_reference)
+    memory = None if reading is None else memory_multiplier(reading)
+    return memory, replace(AT_REST, memory=memory or 1.0)
+
+
+def _score(row: Row) -> None:
+    """The errors and tier verdicts of a row whose estimates and truth are in."""
+    if not row.real_ms:
+        return
+    graced = {tier_for(row.real_ms * (1 - TIER_GRACE)), tier_for(row.real_ms * (1 + TIER_GRACE))}
+    if row.estimate_ms is not None:
+        row.error = row.estimate_ms / row.real_ms - 1.0
+        row.tier_ok = row.est_tier == row.real_tier or row.est_tier in graced
+    if row.present_ms is not None:
+        row.present_error = row.present_ms / row.real_ms - 1.0
+        present_tier = tier_for(row.present_ms)
+        row.present_tier_ok = present_tier == row.real_tier or present_tier in graced
+
+
 def estimate_rows(models: list[tuple[llm_zoo.Family, str]], estimator: Any | None) -> list[Row]:
 
     truth = load_truth()
@@ -260,14 +294,15 @@ def estimate_rows(models: list[tuple[llm_zoo.Family, str]], estimator: Any | Non
             if source is not None:
                 try:
                     graph = source.graph(source.decoder.bindings(case.new_tokens, case.past))
-                    row.estimate_ms = estimator.base_latency_ms(estimator.plan(graph, "cpu"), "cpu")
+                    plan = estimator.plan(graph, "cpu")
+                    row.estimate_ms = estimator.base_latency_ms(plan, "cpu")
                     row.est_tier = tier_for(row.estimate_ms)
+                    if real is not None:
+                        row.memory, speed = _present_speed(real, estimator)
+                        row.present_ms = estimator.estimate(plan, "cpu", speed).latency_ms
                 except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a row, then goes on
                     row.problem = f"estimate: {type(exc).__name__}: {exc}"
-            if row.estimate_ms is not None and row.real_ms:
-                row.error = row.estimate_ms / row.real_ms - 1.0
-                graced = {tier_for(row.real_ms * (1 - TIER_GRACE)), tier_for(row.real_ms * (1 + TIER_GRACE))}
-                row.tier_ok = row.est_tier == row.real_tier or row.est_tier in graced
+            _score(row)
             rows.append(row)
         rows.append(_generation_row(fam, precision, key, truth, source, estimator))
     return rows
@@ -286,21 +321,23 @@ def _generation_row(fam: llm_zoo.Family, precision: str, key: str, truth: dict[s
         row.real_tier = tier_for(row.real_ms)
     if source is not None:
         plan = estimator.plan_generation(source.decoder, GenerationSpec(*GENERATION), source.graph)
-        model = estimator.models["cpu"]
-        times = generation_times(plan, lambda p: 1000.0 * model.seconds(p))
+        times = estimator.estimate_generation({"cpu": plan}, "cpu").times
         row.estimate_ms, row.est_tier = times.total_ms, times.tier
         if real is not None:
             row.problem = (f"TTFT {times.ttft_ms:.1f} vs {real['ttft_ms']:.1f} ms, "
                            f"TPOT {times.tpot_ms:.2f} vs {real['tpot_ms']:.2f} ms")
-    if row.estimate_ms is not None and row.real_ms:
-        row.error = row.estimate_ms / row.real_ms - 1.0
-        graced = {tier_for(row.real_ms * (1 - TIER_GRACE)), tier_for(row.real_ms * (1 + TIER_GRACE))}
-        row.tier_ok = row.est_tier == row.real_tier or row.est_tier in graced
+            row.memory, speed = _present_speed(real, estimator)
+            row.present_ms = estimator.estimate_generation({"cpu": plan}, "cpu", speed).times.total_ms
+    _score(row)
     return row
 
 
-def summarize(rows: list[Row]) -> dict[str, Any]:
+def summarize(rows: list[Row], present: bool = False) -> dict[str, Any]:
+    """Scores of the estimates at rest, or (`present`) at the memory speed read with the truth."""
     measured = [r for r in rows if r.real_ms is not None]
+    if present:
+        measured = [replace(r, error=r.present_error, tier_ok=r.present_tier_ok,
+                            est_tier=tier_for(r.present_ms) if r.present_ms is not None else None) for r in measured]
     errors = [abs(r.error) for r in measured if r.error is not None]
     n = len(measured)
     return {
@@ -318,8 +355,9 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
 def format_row(r: Row) -> str:
     error, iqr = error_cells(r.error, r.real_ms, r.real_iqr_ms)
     mark = "" if r.tier_ok in (True, None) else " *"
+    present = "-" if r.present_error is None else f"{100 * r.present_error:+.0f}% at {r.memory:.2f}"
     line = (f"{r.model:26} {r.case:13} {ms(r.estimate_ms):>9} {ms(r.real_ms):>9} {iqr:>6} {error:>7}  "
-            f"{r.est_tier or '-':9} {r.real_tier or '-':9}{mark}")
+            f"{r.est_tier or '-':9} {r.real_tier or '-':9} {present:>14}{mark}")
     return line + (f"  [{r.problem}]" if r.problem else "")
 
 
@@ -334,11 +372,16 @@ def format_summary(rows: list[Row]) -> str:
         if errs:
             lines.append(f"  {group[0]:5} {group[1]:8} n={len(errs):2}  median |error| "
                          f"{statistics.median(abs(e) for e in errs):.0%}  median signed {statistics.median(errs):+.0%}")
+    p = summarize(rows, present=True)
+    if p["estimated"]:
+        lines.append(f"at the memory speed read with the truth (the agent's present estimate): median |error| "
+                     f"{pct(p['median_abs_error'])} (median signed {pct(p['median_signed_error'])}), within +/-10%: "
+                     f"{pct(p['within_10'])}, within +/-25%: {pct(p['within_25'])}, tier right: {pct(p['tier_right'])}")
     return "\n".join(lines)
 
 
 HEADER = (f"{'model':26} {'case':13} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  "
-          f"{'est tier':9} {'real tier':9}")
+          f"{'est tier':9} {'real tier':9} {'now: err at B':>14}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({time.perf_counter() - start:.0f} s in all, of which {build_s:.0f} s building the zoo)")
     if args.json:
 
-        report = {"summary": summarize(rows), "rows": [asdict(r) for r in rows], "onnxruntime": onnxruntime.__version__,
+        report = {"summary": summarize(rows), "present": summarize(rows, present=True),
+                  "rows": [asdict(r) for r in rows], "onnxruntime": onnxruntime.__version__,
                   "cpu": cpu_model(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         args.json.write_text(json.dumps(report, indent=1))
     return 0

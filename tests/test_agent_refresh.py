@@ -24,7 +24,7 @@ from agent.config import load_config
 from agent.service import Agent
 from agent.simulation.trees import vm
 from monitors.speed.prediction import predict_cpu
-from monitors.speed.present import fastest
+from monitors.speed.present import fastest, memory_multiplier
 from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY, STREAM_KEY
 from probes.state import Sampler
 
@@ -128,12 +128,12 @@ async def test_agent_on_a_vm_fixture_tree_reads_memory_s_speed_only_while_a_moni
             assert created["status"] == "ok", created
             (w,) = agent.registry.records["big"].workloads
             assert w.stream_ms > 0.5 * w.base_ms["cpu"]  # its weights come from memory
-            await until(task, lambda: agent.speed.speed.memory == pytest.approx(2.0))
+            await until(task, lambda: agent.speed.speed.memory == pytest.approx(memory_multiplier(2.0), rel=1e-3))
             assert asked[-1] is True, asked
             speed = agent.speed.speed
             (latency,) = agent.registry.estimates_ms(agent.speeds)["big"]
-            assert latency == pytest.approx(
-                (w.base_ms["cpu"] + w.stream_ms) * speed.cpu + w.written_mb * speed.handoff_ms_per_mb, rel=1e-3)
+            assert latency == pytest.approx((w.base_ms["cpu"] + w.stream_ms * (speed.memory - 1.0)) * speed.cpu
+                                            + w.written_mb * speed.handoff_ms_per_mb, rel=1e-3)
             deleted, _ = await request_v5(c, "refresh3", "monitors/delete", {"monitor": "big"})
             assert deleted["status"] == "ok", deleted
             count = len(asked)

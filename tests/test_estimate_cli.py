@@ -20,7 +20,7 @@ from agent import calibration_store
 from agent.simulation.trees import intel_laptop
 from monitors.graphs.importer import load_graph
 from tests.conftest import LIGHT_MODELS
-from tests.models import absent_weights_model, mlp
+from tests.models import absent_weights_model, mlp, weightless_mlp
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -49,6 +49,24 @@ def test_estimate_now_takes_a_real_warm_refresh_and_adds_its_handoff_extra_per_m
     written = estimator.plan(load_graph(model), "cpu").written_mb
     assert written > 10  # SqueezeNet's activations: about 21 MB
     expected = at_rest["latency_ms"] * now["slowdown"] + written * now["handoff_ms_per_mb"]
+    assert now["latency_ms"] == pytest.approx(expected, rel=2e-3, abs=2e-3)
+
+
+def test_estimate_now_charges_a_model_that_streams_its_weights_the_memory_multiplier_on_that_time_alone(
+        state_dir, estimator, tmp_path):
+    """256 MB of weights read from memory each run: the real stream probe's multiplier stretches that time."""
+    path = tmp_path / "streams.onnx"
+    path.write_bytes(weightless_mlp(4096, 4, 1))
+    at_rest = json.loads(daop("estimate", str(path), "--json", "--at-rest", state_dir=state_dir).stdout)
+    r = daop("estimate", str(path), "--json", state_dir=state_dir)
+    assert r.returncode == 0, r.stderr
+    now = json.loads(r.stdout)
+    assert 0.5 <= now["memory"] <= 8.0
+    plan = estimator.plan(load_graph(str(path)), "cpu")
+    stream = estimator.stream_ms(plan)
+    assert stream > 0.5 * at_rest["latency_ms"]  # nearly all of a one-row product over weights beyond the cache
+    expected = (at_rest["latency_ms"] + stream * (now["memory"] - 1.0)) * now["slowdown"] \
+        + plan.written_mb * now["handoff_ms_per_mb"]
     assert now["latency_ms"] == pytest.approx(expected, rel=2e-3, abs=2e-3)
 
 

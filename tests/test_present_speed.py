@@ -11,7 +11,15 @@ import dataclasses
 import pytest
 
 from agent.simulation.trees import laptop
-from monitors.speed.present import AT_REST, Measurement, PresentSpeed, Share, blend, speed_from_state
+from monitors.speed.present import (
+    AT_REST,
+    Measurement,
+    PresentSpeed,
+    Share,
+    blend,
+    memory_multiplier,
+    speed_from_state,
+)
 from monitors.speed.refresh_policy import RefreshPolicy
 from probes.state import Sampler
 
@@ -164,16 +172,20 @@ def test_laptop_fixture_tree_present_speed_takes_the_handoff_extra_only_from_a_r
     assert present.observe(quiet, 11.0).handoff_ms_per_mb == pytest.approx(0.01)  # a quiet reading replaces it
 
 
-def test_laptop_fixture_tree_present_speed_keeps_the_last_memory_reading_until_a_refresh_reads_it_again(states):
+def test_laptop_fixture_tree_present_speed_keeps_the_last_quiet_memory_reading_until_a_quiet_refresh_reads_it_again(
+        states):
     quiet, loaded = states[0], states[2]
     present = PresentSpeed(threads=4, policy=RefreshPolicy(period_s=1))
     present.observe(quiet, 0.0)
     assert present.start_refresh(0.0)
     present.refreshed(1.0, 0.0, started_at=0.0, cpu_s=0.01, memory=1.5)
-    assert present.observe(quiet, 1.0).memory == pytest.approx(1.5)
+    assert present.observe(quiet, 1.0).memory == pytest.approx(memory_multiplier(1.5), rel=1e-3)
     assert present.start_refresh(5.0)
-    present.refreshed(2.5, None, started_at=5.0, cpu_s=0.01)  # no monitor streams: the stream probe not run
-    assert present.observe(loaded, 6.0).memory == pytest.approx(1.5)
+    present.refreshed(2.5, None, started_at=5.0, cpu_s=0.01, memory=3.0)  # beside busy processes: not memory's
+    assert present.observe(loaded, 6.0).memory == pytest.approx(memory_multiplier(1.5), rel=1e-3)
+    assert present.start_refresh(8.0)
+    present.refreshed(1.0, 0.0, started_at=8.0, cpu_s=0.01)  # no monitor streams: the stream probe not run
+    assert present.observe(quiet, 9.0).memory == pytest.approx(memory_multiplier(1.5), rel=1e-3)
     assert present.start_refresh(10.0)
     present.refreshed(1.0, 0.0, started_at=10.0, cpu_s=0.01, memory=1.0)
     assert present.observe(quiet, 11.0).memory == 1.0  # the neighbour has gone

@@ -37,12 +37,14 @@ from monitors.speed.prediction import (
 from monitors.speed.present import (
     MAX_HANDOFF_MS_PER_MB,
     MAX_MEMORY,
+    MEMORY_NOISE,
     MIN_MEMORY,
     Measurement,
     Speed,
     blend,
     combine,
     fastest,
+    memory_multiplier,
     speed_from_state,
 )
 from probes.refresh import handoff_probe
@@ -317,15 +319,25 @@ def test_vm_fixture_tree_memory_multiplier_is_the_stream_probe_s_and_stretches_o
     state = sampled(vm(tmp_path))
     assert speed_from_state(state, 2, m(1.0), current=True).memory == 1.0  # none read
     slow = speed_from_state(state, 2, Measurement(1.0, None, memory=1.6), current=True)
-    assert slow.memory == pytest.approx(1.6)
-    assert any("memory streams 1.60x slower" in r for r in slow.reasons)
-    for wild, bounded in ((math.nan, 1.0), (0.8, 0.8), (0.01, MIN_MEMORY), (1e9, MAX_MEMORY)):
-        assert speed_from_state(state, 2, Measurement(1.0, None, memory=wild)).memory == bounded
+    assert slow.memory == pytest.approx(1.6 / MEMORY_NOISE, rel=1e-3)
+    assert any("memory streams 1.43x slower" in r for r in slow.reasons)
+    assert speed_from_state(state, 2, Measurement(1.0, None, memory=0.01)).memory == MIN_MEMORY * MEMORY_NOISE
     # a decode step of 30 ms that streams 25 of them, and a convolution net of 30 ms that streams none
     speed = Speed(cpu=2.0, gpu=None, memory=1.6)
     assert fastest({"cpu": 30.0}, speed, stream_ms=25.0)[0] == pytest.approx(2.0 * (30.0 + 0.6 * 25.0))
     assert fastest({"cpu": 30.0}, speed)[0] == pytest.approx(60.0)
     assert fastest({"gpu": 30.0}, dataclasses.replace(speed, gpu=1.0), stream_ms=25.0)[0] == 30.0  # the CPU's
+
+
+def test_memory_multiplier_is_bounded_and_a_steady_host_s_noise_moves_nothing():
+    assert memory_multiplier(None) == memory_multiplier(math.nan) == 1.0
+    for steady in (1.0, 1.1, 1 / 1.1, MEMORY_NOISE, 1 / MEMORY_NOISE):
+        assert memory_multiplier(steady) == pytest.approx(1.0)
+    assert memory_multiplier(2.0) == pytest.approx(2.0 / MEMORY_NOISE)
+    assert memory_multiplier(0.6) == pytest.approx(0.6 * MEMORY_NOISE)
+    assert memory_multiplier(1e9) == MAX_MEMORY / MEMORY_NOISE and memory_multiplier(0.0) == MIN_MEMORY * MEMORY_NOISE
+    # continuous at the band's edges
+    assert memory_multiplier(MEMORY_NOISE * 1.0001) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_estimate_adds_the_handoff_extra_for_the_bytes_the_cpu_plan_writes(estimator):

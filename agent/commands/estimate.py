@@ -82,6 +82,7 @@ def _run(args: argparse.Namespace) -> int:
             out["slowdown"] = round(speed.cpu if est.device == "cpu" else (speed.gpu or 1.0), 3)
             if est.device == "cpu":
                 out["handoff_ms_per_mb"] = speed.handoff_ms_per_mb
+                out["memory"] = speed.memory
         print(json.dumps(out))
     else:
         shown = "does not fit on this device now" if latency is None else f"{latency:.2f} ms"
@@ -143,6 +144,8 @@ def _run_generation(args: argparse.Namespace) -> int:
                "device": est.device, "kernels": est.kernels, "calibration": _which(estimator, est.device)}
         if not args.at_rest:
             out["slowdown"] = round(speed.cpu if est.device == "cpu" else (speed.gpu or 1.0), 3)
+            if est.device == "cpu":
+                out["memory"] = speed.memory
         print(json.dumps(out))
     elif not t.feasible:
         print(f"{t.tier}  (does not run on {est.device} now: {est.why_not or 'the device is unavailable'})")

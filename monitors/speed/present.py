@@ -29,7 +29,8 @@ neighbour that takes memory bandwidth). Only a model's streamed time pays it (`s
 latency gains per unit of memory slowdown, the weights of a decode step read from memory), so a decode step
 slows more than a convolution beside such a neighbour. No signal predicts it either: it is the latest
 refresh's stream probe against its compute probe (probes/refresh.py, memory_slowdown), read only while a priced
-model streams.
+model streams and, as the handoff extra, only without contention: what it follows is the host's memory, whose
+bandwidth moves with the neighbours of a shared host for minutes at a time.
 
 The agent's own work is never load from others: the CPU probe leaves out the agent's process tree, and
 a state sampled while the agent's own heavy work ran (a calibration) is marked: `PresentSpeed` keeps the
@@ -66,13 +67,16 @@ MIN_FACTOR = 0.8
 # measured 0.06-0.2 ms/MB; a reading 10x that is a probe that lost the CPU, which the multiplier covers).
 NOTABLE_HANDOFF_MS_PER_MB = 0.02
 MAX_HANDOFF_MS_PER_MB = 2.0
-# The handoff reading is the host's only where others' threads leave the cores to the probe: beside them the
-# two probes' runs fare differently by where the scheduler puts their wake-ups (0.1-0.3 ms/MB beside busy
+# The handoff and memory readings are the host's only where others' threads leave the cores to the probe: beside
+# them the probes' runs fare differently by where the scheduler puts their wake-ups (0.1-0.3 ms/MB beside busy
 # processes, an app's own frames included), which the multiplier already prices.
 HANDOFF_QUIET_CONTENTION = 1.2
 # The memory multiplier: worth a reason from this much, and bounded as probes/refresh.py bounds it.
 NOTABLE_MEMORY = 1.1
 MIN_MEMORY, MAX_MEMORY = 0.5, 8.0
+# ... and shrunk toward 1 by this factor: on a steady host the stream probe read 0.84-1.10x its reference from one
+# refresh to the next, where the host's bandwidth moved by 1.3x over minutes (a calibration's sweep: 42, then 56 GB/s).
+MEMORY_NOISE = 1.12
 FAILED_REFRESH_CPU_S = 0.05  # what a failed or discarded refresh is charged against the policy's budget
 
 
@@ -170,12 +174,13 @@ class Measurement:
     @classmethod
     def taken_in(cls, state: DeviceState, threads: int, slowdown: float | None,
                  handoff_ms_per_mb: float | None, memory: float | None = None) -> Measurement:
-        """The reading in `state`; its handoff figure only where nothing contends for the cores (None beside
-        others' threads: there it is the scheduler's, not the host's). The memory figure in any state: it is a
-        ratio of two probes whose runs alternate, and time slicing slows both."""
+        """The reading in `state`; its handoff and memory figures only where nothing contends for the cores (None
+        beside others' threads: there they are the scheduler's, not the host's; beside one busy process on a 2-core
+        VM the stream probe read 0.5-0.8x against the compute probe, and an app's decode step slowed 2.1x where its
+        convolution nets slowed 3.9x)."""
         p = predict_cpu(state, threads)
         quiet = p.contention <= HANDOFF_QUIET_CONTENTION
-        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention, memory)
+        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention, memory if quiet else None)
 
 
 def carried_correction(ratio: float, predicted: float, predicted_then: float) -> float:
@@ -224,6 +229,17 @@ def combine(predicted: float, contention: float, m: Measurement | None, current:
     return max(predicted, predicted * carried_correction(correction, predicted, m.predicted))
 
 
+def memory_multiplier(reading: float | None) -> float:
+    """The memory multiplier from the stream probe's reading (probes.refresh.memory_slowdown; None: none read):
+    bounded, and shrunk toward 1 by MEMORY_NOISE, so that a steady host's refresh-to-refresh noise moves nothing."""
+    if reading is None or not math.isfinite(reading):
+        return 1.0
+    memory = min(MAX_MEMORY, max(MIN_MEMORY, reading))
+    if memory > MEMORY_NOISE:
+        return memory / MEMORY_NOISE
+    return memory * MEMORY_NOISE if memory < 1 / MEMORY_NOISE else 1.0
+
+
 def speed_from_state(state: DeviceState, threads: int, measurement: Measurement | None = None,
                      current: bool = False) -> Speed:
     """The present speed of this device in `state`, with onnxruntime's `threads` intra-op threads and the
@@ -239,8 +255,7 @@ def speed_from_state(state: DeviceState, threads: int, measurement: Measurement 
     handoff = min(MAX_HANDOFF_MS_PER_MB, max(0.0, handoff))
     if handoff >= NOTABLE_HANDOFF_MS_PER_MB:
         reasons.append(f"threads hand data across cores {handoff:.3f} ms/MB slower than calibrated")
-    memory = None if measurement is None else measurement.memory
-    memory = min(MAX_MEMORY, max(MIN_MEMORY, memory)) if memory is not None and math.isfinite(memory) else 1.0
+    memory = memory_multiplier(None if measurement is None else measurement.memory)
     if memory >= NOTABLE_MEMORY:
         reasons.append(f"memory streams {memory:.2f}x slower than calibrated")
     gpu, gpu_free, gpu_reasons = predict_gpu(state)
