@@ -14,9 +14,9 @@ whose threads read what the other core wrote). A host whose vCPUs sit apart
 some of the time (docs/device-state.md) slows the second 2-3x and the first
 hardly at all; time slicing and lower clocks slow both alike. Where asked,
 a third probe streams a buffer twice the last-level cache through a
-one-row MatMul, as a decode step reads its weights: a neighbour that takes
-memory bandwidth slows it more than the compute probe, and that ratio is
-what a model's streamed bytes pay on top of the CPU's slowdown. It is asked
+one-row MatMul, as a decode step reads its weights: a host whose memory is
+busier than at calibration slows it more than the compute probe, and that
+ratio is what a model's streamed bytes pay on top of the CPU's slowdown. It is asked
 for only while a priced model streams (its buffer, tens of MB, is made on
 first use and dropped by the first refresh that does not ask for it).
 

@@ -24,10 +24,11 @@ charges per MB of activations the intra-op threads hand each other. It grows wit
 its time, so a latency adds it; no signal predicts it, so it is the latest measurement's taken without
 contention (a reading beside others' threads is the scheduler's, not the host's).
 
-And the memory multiplier: how much slower than calibrated memory streams beyond the CPU's slowdown (a
-neighbour that takes memory bandwidth). Only a model's streamed time pays it (`stream_ms`: what its calibrated
-latency gains per unit of memory slowdown, the weights of a decode step read from memory), so a decode step
-slows more than a convolution beside such a neighbour. No signal predicts it either: it is the latest
+And the memory multiplier: how much slower than calibrated memory streams beyond the CPU's slowdown (the
+host's other tenants using its memory more, or less, than during calibration). Only a model's streamed time
+pays it (`stream_ms`: what its calibrated latency gains per unit of memory slowdown, the weights of a decode
+step read from memory), so a decode step moves with it and a convolution net does not. No signal predicts it
+either: it is the latest
 refresh's stream probe against its compute probe (probes/refresh.py, memory_slowdown), read only while a priced
 model streams and, as the handoff extra, only without contention: what it follows is the host's memory, whose
 bandwidth moves with the neighbours of a shared host for minutes at a time.
