@@ -46,8 +46,19 @@ class RabbitNode:
     def __init__(self, folder: Path, name: str, home: Path) -> None:
         self.folder = folder
         self.name = name
-        self.amqp_port, self.dist_port, self.mqtt_port = free_port(), free_port(), free_port()
+        self.home = home
         folder.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.configure()
+
+    def configure(self) -> None:
+        """Fresh free ports, and the node's files for them (its database and log from an earlier try set aside)."""
+        folder = self.folder
+        shutil.rmtree(folder / "mnesia", ignore_errors=True)
+        if (folder / "server.log").exists():
+            (folder / "server.log").replace(folder / "server.log.failed")
+        (folder / "pid").unlink(missing_ok=True)
+        self.amqp_port, self.dist_port, self.mqtt_port = free_port(), free_port(), free_port()
         (folder / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
         (folder / "rabbitmq.conf").write_text("\n".join([
             f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}",
@@ -58,7 +69,7 @@ class RabbitNode:
             "log.console = false",
             "log.file.level = warning",
         ]) + "\n")
-        self.env = {**os.environ, "HOME": str(home), "RABBITMQ_NODENAME": name,
+        self.env = {**os.environ, "HOME": str(self.home), "RABBITMQ_NODENAME": self.name,
                     "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.amqp_port),
                     "RABBITMQ_DIST_PORT": str(self.dist_port), "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
                     "RABBITMQ_LOG_BASE": str(folder / "log"), "RABBITMQ_PID_FILE": str(folder / "pid"),
@@ -66,7 +77,14 @@ class RabbitNode:
                     "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq.conf"),
                     "RABBITMQ_ADVANCED_CONFIG_FILE": str(folder / "advanced.config"),
                     "RABBITMQ_PLUGINS_EXPAND_DIR": str(folder / "plugins-expand")}
-        self.proc: subprocess.Popen[bytes] | None = None
+
+    def lost_a_port(self) -> bool:
+        """Whether its last boot failed because another process took one of its ports first (a free port is free
+        only until someone binds it: the parallel tests pick theirs too)."""
+        try:
+            return "eaddrinuse" in (self.folder / "server.log").read_text(errors="replace")
+        except OSError:
+            return False
 
     @property
     def url(self) -> str:
@@ -144,7 +162,20 @@ class RabbitCluster:
     def urls(self) -> list[str]:
         return [n.url for n in self.nodes]
 
-    def start(self) -> RabbitCluster:
+    def start(self, tries: int = 3) -> RabbitCluster:
+        """Start the nodes and cluster them; again on fresh ports where a node lost one of its ports to another
+        process before it bound it."""
+        for attempt in range(tries):
+            try:
+                return self._start()
+            except RuntimeError:
+                if attempt == tries - 1 or not any(n.lost_a_port() for n in self.nodes):
+                    raise
+                for node in self.nodes:
+                    node.configure()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> RabbitCluster:
         try:
             for node in self.nodes:
                 node.start()
