@@ -344,6 +344,7 @@ MEMORY_OPS: dict[str, Callable[..., _Point]] = {
     "Add": _binary("Add"), "Mul": _binary("Mul"), "Where": _where,
     "Relu": _unary("Relu"), "Sigmoid": _unary("Sigmoid"), "Tanh": _unary("Tanh"), "Erf": _unary("Erf"),
     "Gelu": _unary("Gelu", MS), "FastGelu": _unary("FastGelu", MS), "QuickGelu": _unary("QuickGelu", MS),
+    "Silu": _unary("QuickGelu", MS, alpha=1.0),
     "BiasGelu": _with_params("BiasGelu", 1, MS),
     "Softmax": _unary("Softmax", axis=-1), "LayerNormalization": _with_params("LayerNormalization", 2, axis=-1),
     "ReduceMean": _unary("ReduceMean", axes=[-1], keepdims=1),
