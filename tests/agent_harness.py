@@ -138,7 +138,8 @@ class AgentProcess:
 
 def client(port: int, *, v5: bool = True, identifier: str | None = None, clean_start: bool = True,
            session_expiry: int | None = None, username: str | None = None,
-           password: str | None = None) -> aiomqtt.Client:
+           password: str | None = None,
+           queue_type: type[asyncio.Queue[aiomqtt.Message]] | None = None) -> aiomqtt.Client:
     props = None
     if v5 and session_expiry is not None:
         props = Properties(PacketTypes.CONNECT)
@@ -150,7 +151,7 @@ def client(port: int, *, v5: bool = True, identifier: str | None = None, clean_s
         kwargs["clean_start"] = clean_start
     return aiomqtt.Client("127.0.0.1", port, identifier=identifier, username=username, password=password,
                           protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
-                          properties=props, timeout=10, **kwargs)
+                          properties=props, timeout=10, queue_type=queue_type, **kwargs)
 
 
 async def next_message(c: aiomqtt.Client, topic_filter: str | None = None, timeout: float = 10.0) -> aiomqtt.Message:

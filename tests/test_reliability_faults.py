@@ -54,15 +54,25 @@ class PersistentSubscriber:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        received = self.received
+
+        class Recording(asyncio.Queue[aiomqtt.Message]):
+            """Records each event as it arrives, before its PUBACK goes out: aiomqtt's iterator raises on a lost
+            connection and drops what is still queued, which the broker already counts as delivered."""
+
+            def put_nowait(self, item: aiomqtt.Message) -> None:
+                body = json.loads(item.payload)
+                received.append((body["monitor"], body["meetsRequirement"], body["seq"]))
+                super().put_nowait(item)
+
         while True:
             try:
                 async with client(self.port, identifier="reliability-sub", clean_start=False,
-                                  session_expiry=3600) as c:
+                                  session_expiry=3600, queue_type=Recording) as c:
                     self.connections += 1
                     await c.subscribe(self.topic, qos=1)
-                    async for m in c.messages:
-                        body = json.loads(m.payload)
-                        self.received.append((body["monitor"], body["meetsRequirement"], body["seq"]))
+                    async for _ in c.messages:
+                        pass
             except aiomqtt.MqttError:
                 await asyncio.sleep(0.1)
 
