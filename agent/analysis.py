@@ -39,6 +39,7 @@ from monitors.graphs.limits import Limits
 from monitors.pricing.costmodel import CostModel
 from monitors.pricing.generation import GenerationSpec
 from monitors.pricing.kernels import Plan
+from monitors.speed.present import Speed, fastest
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class Analysis:
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
     phase_written_mb: tuple[float, float] = (0.0, 0.0)
     phase_stream_ms: tuple[float, float] = (0.0, 0.0)
+
+    def present(self, speed: Speed) -> tuple[float, str]:
+        """The fastest device's latency at `speed` (inf where it does not fit now), and that device."""
+        return fastest(self.base_ms, speed, self.memory_bytes, self.written_mb, self.stream_ms)
 
 
 class EngineError(Exception):

@@ -207,7 +207,7 @@ class MonitorRegistry:
             self.check_room(monitor, owner)
             stored, latencies = [], []
             for name, requirement, a in workloads:
-                latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb, a.stream_ms)
+                latency, device = a.present(speed)
                 view = shown(latency) / latency if 0 < latency < math.inf else 1.0  # held for the monitor's life
                 stored.append(StoredWorkload(name, requirement, device, a.plans, a.base_ms, a.memory_bytes, view,
                                              a.stream_ms))

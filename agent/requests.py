@@ -230,8 +230,7 @@ class RequestHandler:
         if method == "estimate":
             (analysis,) = self._placed(request, await self._analyses(request))
             speed, warp = self._priced(owner)
-            latency, device = fastest(analysis.base_ms, speed, analysis.memory_bytes, analysis.written_mb,
-                                      analysis.stream_ms)
+            latency, device = analysis.present(speed)
             answer = {"performanceTier": warp.tier(latency)}
             if analysis.phases:
                 answer |= self._phase_tiers(analysis, device, math.isfinite(latency), speed, warp)
@@ -283,7 +282,7 @@ class RequestHandler:
         speed, warp = self._priced(owner)
         for w, a in zip(request.workloads, analyses, strict=True):
             assert w.requirement is not None
-            latency, device = fastest(a.base_ms, speed, a.memory_bytes, a.written_mb, a.stream_ms)
+            latency, device = a.present(speed)
             members.append(Member(a.base_ms[device], device, w.requirement.deadline_ms, w.requirement.sustained_hz))
             latencies.append(warp.shown_ms(latency))
         meets, member_meets = initial_answer(latencies, members, self._veto() is not None)

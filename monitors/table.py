@@ -190,7 +190,7 @@ class MonitorTable:
             j = self._k + pos
             self._of[j], self._pos[j], self._base[j] = i, pos, m.base_ms
             self._device[j], self._mem[j], self._written[j] = DEVICE_INDEX[m.device], m.memory_bytes, m.written_mb
-            self._stream[j] = m.stream_ms if m.device == "cpu" else 0.0
+            self._stream[j] = m.stream_ms
             self._rate[j], self._deadline[j], self._corr[j] = m.rate_hz, m.deadline_ms, 0.0
             self._mmeets[j] = meets if member_meets is None else member_meets[pos]
         self._k += len(members)
@@ -260,14 +260,14 @@ class MonitorTable:
         rows = self._rows(self._index[monitor])
         self._base[rows] = bases
         if streams is not None:
-            self._stream[rows] = np.where(self._device[rows] == DEVICE_INDEX["cpu"], streams, 0.0)
+            self._stream[rows] = streams
 
     def streams(self, share: float) -> bool:
-        """Whether any member's streamed time is at least `share` of its calibrated latency (a memory slowdown
-        would move it)."""
+        """Whether any CPU member's streamed time is at least `share` of its calibrated latency (a memory slowdown
+        would move it; the GPU's memory no probe reads)."""
         k = self._k
-        stream = self._stream[:k]
-        return bool(np.any((stream > 0) & (stream >= share * self._base[:k])))
+        stream, cpu = self._stream[:k], self._device[:k] == DEVICE_INDEX["cpu"]
+        return bool(np.any(cpu & (stream > 0) & (stream >= share * self._base[:k])))
 
     def set_corrections(self, monitor: str, log_corrections: Sequence[float]) -> None:
         """Its members' learnt log-corrections (monitors/warm.py)."""

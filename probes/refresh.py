@@ -46,6 +46,7 @@ When to refresh is monitors/speed/refresh_policy.py's to say.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -171,18 +172,16 @@ class WarmRefresh:
         # The intra-op threads spin between kernels as an app's do, but stop when a run returns: else they
         # would spin on for about 50 ms after each refresh, a quarter of its CPU and in the app's way.
         options.add_session_config_entry("session.force_spinning_stop", "1")
-        self._options = options
+        self._new_session = functools.partial(ort.InferenceSession, sess_options=options,
+                                              providers=["CPUExecutionProvider"])
         self._probes = [self._session(compute_probe()), self._session(handoff_probe())]
         self._stream: tuple[Any, dict[str, np.ndarray]] | None = None  # made on first use (stream_probe)
         self.last_cpu_s: float | None = None
         self.last_runs: int = 0
 
     def _session(self, probe: tuple[bytes, dict[str, np.ndarray]]) -> tuple[Any, dict[str, np.ndarray]]:
-        import onnxruntime as ort  # noqa: PLC0415 - imported by __init__ already
-
         blob, feeds = probe
-        return ort.InferenceSession(blob, self._options, providers=["CPUExecutionProvider"]), feeds
-
+        return self._new_session(blob), feeds
 
     def measure(self, stream: bool = False) -> dict[str, float]:
         """Wall seconds per run of each probe (mean over the window; their runs alternate, so that all see the

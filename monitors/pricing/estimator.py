@@ -100,8 +100,9 @@ class Estimator:
         best: Estimate | None = None
         for dev in candidates:
             plan = graph if isinstance(graph, Plan) else self.plan(graph, dev)
+            stream = self.stream_ms(plan, dev) if speed.memory != 1.0 else 0.0  # it moves nothing at 1
             latency, _ = fastest({dev: self.base_latency_ms(plan, dev)}, speed, plan.memory_bytes, plan.written_mb,
-                                 self.stream_ms(plan, dev))
+                                 stream)
             est = Estimate(latency, tier_for(latency), dev, len(plan.kernels))
             if best is None or est.latency_ms < best.latency_ms:
                 best = est

@@ -152,8 +152,7 @@ def fastest(base_ms: Mapping[str, float], speed: Speed, memory_bytes: int = 0,
     n = len(devices)
     lat = latencies_ms(np.array([base_ms[d] for d in devices], dtype=np.float64),
                        np.array([DEVICE_INDEX[d] for d in devices]), np.full(n, float(memory_bytes)),
-                       np.full(n, float(written_mb)), speed,
-                       np.array([stream_ms if d == "cpu" else 0.0 for d in devices]))
+                       np.full(n, float(written_mb)), speed, float(stream_ms))
     best = int(np.argmin(lat))
     if not math.isfinite(lat[best]) and "cpu" in devices:
         return math.inf, "cpu"
