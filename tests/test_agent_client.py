@@ -108,12 +108,26 @@ def test_monitor_command_without_a_broker_exits_2(model):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def _run_with_local_broker(state_dir: Path) -> tuple[subprocess.Popen[str], int]:
+    """`daop-agent run --local-broker PORT`, again on another free port where a parallel test took this one first
+    (a free port is free only until someone binds it; the agent then exits and says the port is in use)."""
+    log = state_dir.parent / "agent.log"
+    for _ in range(3):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--local-broker", str(port), "--state-dir",
+                                 str(state_dir), "--device-id", DEV, "--calibration", "quick"], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=open(log, "w"), text=True)
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return proc, port  # still running: it has its port
+        if "already in use" not in log.read_text():
+            return proc, port  # it failed otherwise: the test says how
+    return proc, port
+
+
 async def test_run_with_a_local_broker_works_in_one_command(state_dir: Path, model):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--local-broker", str(port), "--state-dir",
-                             str(state_dir), "--device-id", DEV, "--calibration", "quick"], cwd=REPO,
-                            stdout=subprocess.DEVNULL,
-                            stderr=open(state_dir.parent / "agent.log", "w"), text=True)
+    proc, port = await asyncio.to_thread(_run_with_local_broker, state_dir)
     try:
         deadline = time.monotonic() + 30
         while True:  # the broker starts first, then the agent connects and says it is online
