@@ -206,14 +206,29 @@ def _ping() -> tuple[str, ...]:
     return tuple(_ESTIMATOR.devices)
 
 
-def ensure_calibrated(state_dir: Path, quick: bool) -> tuple[str, ...]:
-    """Load (and, the first time, run) the calibrations, saying how far in the log; done once before the workers
-    start."""
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the agent's own process knows of the estimator, read where onnxruntime is loaded (the calibration's
+    process), so that the agent's never loads it: the devices calibrated, the CPU calibration's warm-refresh
+    reference, and onnxruntime's execution providers."""
+
+    devices: tuple[str, ...] = ()
+    refresh_reference: dict[str, float] = field(default_factory=dict)
+    providers: tuple[str, ...] = ()
+
+
+def engine_facts(state_dir: Path, quick: bool) -> EngineFacts:
+    """Load (and, the first time, run) the calibrations, saying how far in the log; then the facts the agent's
+    process needs. Runs in the calibration's process."""
     from agent import calibration_store  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
+    from probes import providers  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
     progress = LogProgress(f"no calibration yet: calibrating{' (quick)' if quick else ''}")
-    return calibration_store.load_estimator(Path(state_dir), device="auto", quick=quick, progress=progress,
-                                            announce=None).devices
+    devices = calibration_store.load_estimator(Path(state_dir), device="auto", quick=quick, progress=progress,
+                                               announce=None).devices
+    cpu = calibration_store.load(state_dir, "cpu")
+    return EngineFacts(tuple(devices), dict(cpu.refresh_reference) if cpu is not None else {},
+                       providers.installed())
 
 
 def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
@@ -224,46 +239,58 @@ def quick_calibrations(state_dir: Path) -> tuple[str, ...]:
     return tuple(d for d in DEVICES if (cal := load(state_dir, d)) is not None and cal.quick)
 
 
-def run_full_calibrations(state_dir: Path) -> None:
+def run_full_calibrations(state_dir: Path) -> EngineFacts:
     """Redo the state dir's quick calibrations in full, under the lock that
     `daop-agent calibrate --if-quick` holds: where a first `estimate` has already started one, wait for it
-    rather than measure beside it."""
+    rather than measure beside it. Returns the facts of the calibrations now."""
     from agent.calibration_store import upgrade_in_full  # noqa: PLC0415 - loads onnxruntime: only in the worker or calibration process that calls it
 
     upgrade_in_full(state_dir, lambda device: LogProgress(f"calibrating {device} in full"), wait=True)
+    return engine_facts(state_dir, quick=False)
 
 
 # -- agent side ---------------------------------------------------------------------
 
 
 class AnalysisPool:
-    """Worker processes that import and plan graphs, each call bounded in time."""
+    """Worker processes that import and plan graphs, each call bounded in time.
+
+    The workers start with the first call that needs them and leave after `idle_s` without one: at rest the
+    agent holds neither onnxruntime nor a graph importer. They are spawned (a fresh interpreter each, about a
+    third of a second to load the estimator), so that nothing of the agent's process is copied into them and no
+    fork server stays behind."""
 
     def __init__(self, state_dir: Path, workers: int = 2, timeout_s: float = 20.0, quick: bool = False,
-                 memory_mb: int | None = None) -> None:
+                 memory_mb: int | None = None, idle_s: float = 60.0) -> None:
         self.state_dir = Path(state_dir)
         self.memory_mb = memory_mb  # each worker's address space (RLIMIT_AS), None: unbounded
-        self.devices: tuple[str, ...] = ()
+        self.facts = EngineFacts()
         self.workers = workers
         self.timeout_s = timeout_s
+        self.idle_s = idle_s
         self.quick = quick  # a first calibration made here is quick
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._starting: asyncio.Task[concurrent.futures.ProcessPoolExecutor] | None = None
+        self._spawning: concurrent.futures.ProcessPoolExecutor | None = None  # workers being started
         self._aside: concurrent.futures.ProcessPoolExecutor | None = None  # a calibration's own process
         self._ready = asyncio.Event()
+        self._retire: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        # The agent's own work, which the present speed must not read as load: calls under way in the
-        # workers, a calibration under way, when the last one ended, and a count that moves whenever work
-        # starts or ends (a warm refresh that saw it move overlapped the agent's own work).
+        # The agent's own work, which the present speed must not read as load: calls under way in the workers, a
+        # calibration under way, workers starting or leaving, when the last of these ended, and a count that moves
+        # whenever work starts or ends (a warm refresh that saw it move overlapped the agent's own work).
         self._in_flight = 0
+        self._changing = 0  # worker processes starting or leaving now
         self.calibrating = False
-        self.calibration_ended_at = -math.inf
+        self.own_work_ended_at = -math.inf  # a calibration's end, or workers started or gone (reaped)
         self.work_marker = 0
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.facts.devices
+
     def _new_pool(self, workers: int | None = None, init: bool = True) -> concurrent.futures.ProcessPoolExecutor:
-        # forkserver: workers are forked from a clean process, not from this
-        # one with its event loop and threads.
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["agent.analysis", "monitors.graphs.importer", "monitors.pricing.estimator"])
+        ctx = multiprocessing.get_context("spawn")  # a clean interpreter: not this one with its loop and threads
         if init:
             return concurrent.futures.ProcessPoolExecutor(
                 max_workers=workers or self.workers, mp_context=ctx, initializer=_init_worker,
@@ -272,35 +299,42 @@ class AnalysisPool:
                                                       initializer=_init_aside, initargs=(os.getpid(),))
 
     async def start(self) -> None:
-        """Calibrate if needed, then start the workers."""
-        await self._aside_call(ensure_calibrated, self.state_dir, self.quick)
-        self._pool = self._new_pool()
-        self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
+        """Calibrate if needed, and learn what the agent's process needs of the estimator (EngineFacts). The
+        workers start with the first call."""
+        self.facts = await self._aside_call(engine_facts, self.state_dir, self.quick)
         self._ready.set()
 
     async def calibrate_in_full(self) -> tuple[str, ...]:
-        """Redo quick calibrations in full while the workers go on answering on them; then
-        switch to fresh workers that load the full ones. Returns the devices redone."""
+        """Redo quick calibrations in full while the workers go on answering on them; then the next call starts
+        fresh workers that load the full ones. Returns the devices redone."""
         redone = await self._aside_call(quick_calibrations, self.state_dir)
         if redone:
             log.info("the %s calibration is quick: calibrating in full in the background", ", ".join(redone))
-            await self._aside_call(run_full_calibrations, self.state_dir)
-            old, self._pool = self._pool, self._new_pool()
-            if old is not None:
-                old.shutdown(wait=False)  # calls under way there finish on the quick calibration
-            self.devices = await asyncio.wrap_future(self._pool.submit(_ping))
-            self._ready.set()  # (a restart meanwhile waits on `old`'s readiness, which no longer counts)
+            self.facts = await self._aside_call(run_full_calibrations, self.state_dir)
+            if self._pool is not None:  # calls under way there finish on the quick calibration
+                self._leave(self._pool)
         return redone
 
     @property
     def busy(self) -> bool:
-        """The agent's own heavy work is under way: a calibration, or calls in the workers."""
-        return self.calibrating or self._in_flight > 0
+        """The agent's own heavy work is under way: a calibration, calls in the workers, workers starting or
+        leaving."""
+        return self.calibrating or self._in_flight > 0 or self._changing > 0
 
-    def calibrated_since(self, t: float) -> bool:
-        """A calibration ran at some time after monotonic `t`: a sample over that time read the agent's
-        own work, not the device's load."""
-        return self.calibrating or self.calibration_ended_at >= t
+    @property
+    def alive(self) -> int:
+        """Worker processes up now."""
+        return len(getattr(self._pool, "_processes", None) or {}) if self._pool is not None else 0
+
+    def own_work_since(self, t: float) -> bool:
+        """A calibration ran, or worker processes started or left, at some time after monotonic `t`: a sample
+        over that time may have read the agent's own work as others' load (its processes' time is split between
+        them and their parent as they start and end)."""
+        return self.calibrating or self._changing > 0 or self.own_work_ended_at >= t
+
+    def _marked(self) -> None:
+        self.own_work_ended_at = time.monotonic()
+        self.work_marker += 1
 
     async def _aside_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn` in a process of its own (calibration: a minute of CPU), killed when the call is
@@ -314,17 +348,71 @@ class AnalysisPool:
             self._aside = None
             _kill(pool)
             self.calibrating = False
-            self.calibration_ended_at = time.monotonic()
-            self.work_marker += 1
+            self._marked()
 
-    async def _warm(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
-        """Wait for fresh workers to load the estimator before timing requests again."""
+    async def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
+        """The running workers, started (every one, each with the estimator loaded) if there are none."""
+        if self._pool is not None:
+            return self._pool
+        if self._starting is None:
+            self._starting = asyncio.get_running_loop().create_task(self._start_workers())
+        starting = self._starting
         try:
-            await asyncio.wrap_future(pool.submit(_ping))
-        except Exception as exc:  # noqa: BLE001 - the next request reports it
-            log.warning("estimator workers failed to start: %s", exc)
+            return await asyncio.shield(starting)
+        finally:
+            if self._starting is starting and starting.done():
+                self._starting = None
+
+    async def _start_workers(self) -> concurrent.futures.ProcessPoolExecutor:
+        log.info("estimator workers starting (%d)", self.workers)
+        pool = self._spawning = self._new_pool()
+        self._changing += 1
+        self.work_marker += 1
+        try:
+            # one call per worker at once: the executor starts a process for each, as none is idle yet
+            await asyncio.gather(*(asyncio.wrap_future(pool.submit(_ping)) for _ in range(self.workers)))
+        except BaseException:
+            _kill(pool)
+            raise
+        finally:
+            self._spawning = None
+            self._changing -= 1
+            self._marked()
+        self._pool = pool
+        return pool
+
+    def _leave(self, pool: concurrent.futures.ProcessPoolExecutor, kill: bool = False) -> None:
+        """The workers go (killed, or once their calls are done); the next call starts new ones."""
         if self._pool is pool:
-            self._ready.set()
+            self._pool = None
+        self._changing += 1
+        self.work_marker += 1
+
+        async def reaped() -> None:
+            try:
+                if kill:
+                    _kill(pool)
+                await asyncio.to_thread(pool.shutdown, True)  # every process ended and reaped
+                log.info("estimator workers left")
+            finally:
+                self._changing -= 1
+                self._marked()
+
+        task = asyncio.get_running_loop().create_task(reaped())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _idle_later(self) -> None:
+        """The workers leave after `idle_s` without a call."""
+        if self._retire is not None:
+            self._retire.cancel()
+        self._retire = asyncio.get_running_loop().call_later(self.idle_s, self._leave_if_idle)
+
+    def _leave_if_idle(self) -> None:
+        self._retire = None
+        if self._pool is not None and self._in_flight == 0:
+            log.debug("estimator workers leaving: no request for %g s", self.idle_s)
+            self._leave(self._pool)
 
     @property
     def ready(self) -> bool:
@@ -356,13 +444,16 @@ class AnalysisPool:
         finally:
             self._in_flight -= 1
             self.work_marker += 1
+            self._idle_later()
 
     async def _call_bounded(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         for attempt in range(2):
-            await self._ready.wait()  # after a restart: until the new workers are up, untimed
-            pool = self._pool
-            if pool is None:
-                raise EngineError("the estimator is not started")
+            await self._ready.wait()  # the calibration first
+            try:
+                pool = await self._workers()  # their start untimed
+            except Exception as exc:
+                log.exception("estimator workers failed to start")
+                raise EngineError(f"the estimator workers failed to start: {type(exc).__name__}: {exc}") from None
             future = pool.submit(fn, *args)
             try:
                 return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
@@ -386,18 +477,15 @@ class AnalysisPool:
         if self._pool is not pool:
             return  # someone else restarted it already
         log.warning("restarting estimator workers: %s", why)
-        _kill(pool)
-        self._ready.clear()
-        self._pool = self._new_pool()
-        task = asyncio.get_running_loop().create_task(self._warm(self._pool))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._leave(pool, kill=True)
 
     def close(self) -> None:
-        for pool in (self._pool, self._aside):
+        if self._retire is not None:
+            self._retire.cancel()
+        for pool in (self._pool, self._spawning, self._aside):
             if pool is not None:
                 _kill(pool)
-        self._pool = self._aside = None
+        self._pool = self._spawning = self._aside = None
 
 
 def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:

@@ -11,10 +11,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from monitors.errors import BadInput
-from monitors.pricing.estimator import Estimator
 from probes.calibration import Calibration
+
+if TYPE_CHECKING:  # the estimator and its importers: never in the agent's main process (agent/analysis.py)
+    from monitors.pricing.estimator import Estimator
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,8 @@ def run_calibration(state_dir: str | os.PathLike, device: str = "cpu", quick: bo
 def load_estimator(state_dir: str | os.PathLike, device: str = "cpu", quick: bool = False,
                    progress=None, announce=sys.stderr) -> Estimator:
     """An estimator for `device` ('cpu', 'gpu' or 'auto'), calibrating first where needed."""
+    from monitors.pricing.estimator import Estimator  # noqa: PLC0415 - the estimator and its importers: never in the agent's main process (agent/analysis.py)
+
     wanted = ["cpu"]
     if device == "gpu" or (device == "auto" and gpu_available()):
         wanted.append("gpu")

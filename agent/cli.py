@@ -33,11 +33,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def named_command(argv: Sequence[str]) -> str | None:
+    """The command the arguments name (the first that is not an option: the top level has no option with a
+    value), or None."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; given `command`, only that command's module is imported (the others' parsers stay bare), so
+    that `daop-agent run` does not load what `estimate` or `simulate` need (the graph importers, onnx)."""
     parser = _Parser(prog="daop-agent", description="Dynamic AI Offloading Protocol agent for this device.")
     parser.add_argument("--version", action="version", version=f"daop-agent {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
+        if command is not None and name != command:
+            sub.add_parser(name)
+            continue
         module = importlib.import_module(f"agent.commands.{name.replace('-', '_')}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
@@ -46,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(named_command(argv)).parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except BadInput as exc:

@@ -130,6 +130,7 @@ class Config:
     sysfs_root: Path = Path("/sys")
     procfs_root: Path = Path("/proc")
     estimate_workers: int = 2
+    estimate_idle_s: float = 60.0
     rules: MonitorRules = field(default_factory=MonitorRules)
     limits: AgentLimits = field(default_factory=AgentLimits)
     policy: Policy = field(default_factory=Policy)
@@ -218,6 +219,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("agent", "procfs_root", _STR, str(Config.procfs_root), "the procfs tree read", flag="--procfs-root"),
     Option("agent", "estimate_workers", _INT, Config.estimate_workers,
            "worker processes that import and plan request graphs", f"{ESTIMATE_WORKERS[0]} to {ESTIMATE_WORKERS[1]}"),
+    Option("agent", "estimate_idle_s", _NUMBER, Config.estimate_idle_s,
+           "seconds without a request after which the estimator's workers leave (the next request starts them "
+           "again, in about a second)", _POSITIVE),
     Option("agent", "local_broker", _BOOL, Config.local_broker,
            "true: start a private Mosquitto on 127.0.0.1 for this agent, stopped on exit", flag="--local-broker"),
     Option("agent", "web_port", _INT, Config.web_port,
@@ -454,6 +458,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
     sysfs, procfs = _take(a, "agent", "sysfs_root"), _take(a, "agent", "procfs_root")
     sysfs, procfs = Path(over.get("sysfs_root") or sysfs), Path(over.get("procfs_root") or procfs)
     workers = int(_take(a, "agent", "estimate_workers"))
+    estimate_idle = _positive(float(_take(a, "agent", "estimate_idle_s")), "agent.estimate_idle_s")
     if not ESTIMATE_WORKERS[0] <= workers <= ESTIMATE_WORKERS[1]:
         raise BadInput(f"config: agent.estimate_workers must be {ESTIMATE_WORKERS[0]} to {ESTIMATE_WORKERS[1]}, "
                        f"not {workers}")
@@ -551,6 +556,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Mapping[s
                   metrics=_metrics(_table(data, "metrics")), device_id=device_id, state_dir=state_dir,
                   brokers=brokers, sample_interval_s=sample,
                   refresh_interval_s=refresh, sysfs_root=sysfs, procfs_root=procfs, estimate_workers=workers,
+                  estimate_idle_s=estimate_idle,
                   rules=rules, limits=limits, policy=policy, local_broker=local_broker, web_port=web_port,
                   calibration=calibration, privacy=_privacy(_table(data, "privacy")))
 

@@ -41,11 +41,9 @@ from agent.registry import MonitorRegistry
 from agent.topics import Topics
 from monitors.errors import BadInput
 from monitors.placement import place
-from monitors.pricing.estimator import memory_shortfall
 from monitors.privacy import Warp, held_speed, period_of, warp_for
-from monitors.speed.present import PresentSpeed, Speed, fastest
+from monitors.speed.present import PresentSpeed, Speed, fastest, memory_shortfall
 from monitors.table import Member, initial_answer
-from probes import providers
 
 log = logging.getLogger("daop-agent")
 
@@ -214,7 +212,8 @@ class RequestHandler:
             return analyses
         state = self.speed.state
         try:
-            placement = place(request.context, state.accelerators if state is not None else (), providers.installed())
+            placement = place(request.context, state.accelerators if state is not None else (),
+                              self.pool.facts.providers)
         except BadInput as exc:
             raise BadInput(str(exc), "bad_context") from None
         for note in placement.notes:

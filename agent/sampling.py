@@ -1,8 +1,9 @@
-"""The sampler's own thread: a sample every interval, with run-queue snapshots between.
+"""The sampler's own thread: a sample every interval, with run-queue snapshots between while tasks wait for a CPU.
 
 A thread because probes may block (NVML, a battery's embedded controller); its own, on its own timer, because a
 job handed to the loop's executor each interval woke three threads that then contended with the loop for the
-GIL (4 to 7 context switches a sample, against 2 here). The event loop sleeps until a sample is ready.
+GIL (4 to 7 context switches a sample, against 2 here). The event loop sleeps until a sample is ready. At rest
+(no task waiting for a CPU, Sampler.wants_ticks) the thread sleeps from one sample to the next.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Sampled:
 
 class SamplingThread:
     """Samples `sampler` every `interval_s` and hands each Sampled to `deliver` (from this thread: the caller
-    passes it on to its loop). Between samples, run-queue snapshots (Sampler.tick) every `tick_s`."""
+    passes it on to its loop). Between samples, run-queue snapshots (Sampler.tick) every `tick_s` while the
+    sampler wants them."""
 
     def __init__(self, sampler: Sampler, interval_s: float, tick_s: float,
                  deliver: Callable[[Sampled], object]) -> None:
@@ -64,7 +66,9 @@ class SamplingThread:
                 self.deliver(sampled)
             except RuntimeError:  # the loop is closed: the agent has stopped
                 return
+            ticks = self.sampler.wants_ticks()
             while (left := started + self.interval_s - time.monotonic()) > 0:
-                if self._stop.wait(min(self.tick_s, left)):
+                if self._stop.wait(min(self.tick_s, left) if ticks else left):
                     return
-                self.sampler.tick()
+                if ticks:
+                    self.sampler.tick()

@@ -4,10 +4,11 @@ One asyncio TaskGroup holds them:
 
 - sampling: the device state every sample interval (the Sampler runs in a thread of its own, agent/sampling.py:
   NVML or a battery read may block), turned into the present speed (monitors/speed/present.py);
-- warm refresh: a few micro-benchmarks when the present speed says one is due, in a thread;
+- warm refresh: a few micro-benchmarks when the present speed says one is due, in a process of its own
+  (onnxruntime never stays in the agent's memory);
 - evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py);
 - the estimator: calibration the first time (in a process of its own), then graph import and pricing in
-  worker processes with a time limit (agent/analysis.py);
+  worker processes with a time limit, started by a request and gone after a quiet period (agent/analysis.py);
 - MQTT (agent/mqtt_link.py), with requests handled by agent/requests.py;
 - the systemd watchdog, fed from the event loop itself.
 
@@ -17,10 +18,11 @@ Nothing here blocks the loop: files are written in threads, graphs are priced in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import aiomqtt
 
@@ -51,8 +53,9 @@ STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this lon
 
 
 class Agent:
-    """The agent of one device. `sampler` and `measure` (a warm refresh: probe seconds) stand in for the
-    device's own in the simulation and the tests."""
+    """The agent of one device. `sampler` and `measure` (a warm refresh: probe seconds, in a thread) stand in
+    for the device's own in the simulation and the tests; without `measure`, each refresh runs in a process of its
+    own (refresh.measured_apart)."""
 
     def __init__(self, cfg: Config, *, sampler: Sampler | None = None, notifier: Notifier | None = None,
                  measure: Callable[[bool], dict[str, float]] | None = None) -> None:
@@ -61,7 +64,8 @@ class Agent:
         self.topics = Topics(cfg.base_topic)
         self.notifier = notifier or Notifier()
         self.pool = AnalysisPool(cfg.state_dir, cfg.estimate_workers, cfg.limits.estimate_timeout_s,
-                                 quick=cfg.calibration == "quick", memory_mb=cfg.limits.worker_memory_mb)
+                                 quick=cfg.calibration == "quick", memory_mb=cfg.limits.worker_memory_mb,
+                                 idle_s=cfg.estimate_idle_s)
         self.policy = PolicyGate(cfg.policy)
         self.speed = PresentSpeed(refresh.default_threads())  # onnxruntime's intra-op threads
         self.homeassistant = HomeAssistant(cfg.homeassistant, cfg.device_id, self.topics, version()) \
@@ -86,11 +90,12 @@ class Agent:
         self.registry.on_storage = self._storage_changed
         self.registry.on_running = self._track
         self._sampler = sampler
-        self._measure = measure or refresh.measure
+        self._measure = measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device
         self._veto: str | None = None
         self.speeds: list[Speed] = [self.speed.speed]  # what the monitors are priced at now (MonitorRegistry.speeds)
         self._state_seen = asyncio.Event()
+        self._sampled = asyncio.Event()  # set at each sample handled (a refresh's process waits for one)
         self._refresh_due = asyncio.Event()
         self._reasons: tuple[str, ...] = ()
         self._stop = asyncio.Event()
@@ -203,7 +208,7 @@ class Agent:
             self.notifier.status(f"estimator unavailable: {self.engine_error}")
             return
         log.info("estimator ready (devices: %s)", ", ".join(self.pool.devices))
-        await self._start_refresh()
+        self._start_refresh()
         await self._rebase()
         if self.cfg.calibration == "full":
             await self._calibrate_in_full()
@@ -219,7 +224,7 @@ class Agent:
         if redone:
             log.info("full calibration ready (%s): monitors re-priced", ", ".join(redone))
             self.speed.forget_measurement()  # measured against the quick calibration's reference
-            await self._start_refresh()
+            self._start_refresh()
             await self._rebase()
 
     async def _rebase(self) -> None:
@@ -228,14 +233,14 @@ class Agent:
 
     # -- the present speed ----------------------------------------------------------------------------------------
 
-    async def _start_refresh(self) -> None:
-        cal = await asyncio.to_thread(calibration_store.load, self.cfg.state_dir, "cpu")
-        if cal is None or not cal.refresh_reference:
+    def _start_refresh(self) -> None:
+        reference = self.pool.facts.refresh_reference  # read in the calibration's process (agent/analysis.py)
+        if not reference:
             log.info("warm refresh off: the calibration has no reference measurement")
             self._refresh_on = False
             return
         self._refresh_on = True
-        self._reference = dict(cal.refresh_reference)
+        self._reference = dict(reference)
         self.speed.policy = RefreshPolicy(period_s=self.cfg.refresh_interval_s,
                                           max_period_s=REFRESH_BACKOFF * self.cfg.refresh_interval_s)
 
@@ -252,20 +257,39 @@ class Agent:
             # the stream probe only while a monitor's model streams (its buffer is dropped when not asked for)
             stream = refresh.STREAM_KEY in self._reference and self.registry.table.streams(STREAM_SHARE)
             try:
-                result = await asyncio.to_thread(self._measure, stream)
+                async with self._measured(stream, cpu0) as (result, cpu_s):
+                    if self.pool.busy or self.pool.work_marker != marker:
+                        log.debug("warm refresh dropped: it overlapped the agent's own work")
+                        self.speed.refresh_failed(started)
+                        continue
+                    slowdown = refresh.slowdown(result, self._reference)
+                    self.speed.refreshed(slowdown, refresh.handoff_ms_per_mb(result, self._reference), started,
+                                         cpu_s, refresh.memory_slowdown(result, self._reference))
+                    log.debug("warm refresh: %s slower than calibrated, %.2f s of CPU",
+                              "unknown" if slowdown is None else f"{slowdown:.2f}x", cpu_s)
+                    await self._sampled_again()  # pairs the reading; the sampler reads the probe's threads
             except Exception as exc:  # noqa: BLE001 - a failed probe is a missing reading, not a crash
                 log.warning("warm refresh failed: %s", exc)
                 if self.metrics is not None:
                     self.metrics.probe_errors.labels("refresh").inc()
                 self.speed.refresh_failed(started)
-                continue
-            if self.pool.busy or self.pool.work_marker != marker:
-                log.debug("warm refresh dropped: it overlapped the agent's own work")
-                self.speed.refresh_failed(started)
-                continue
-            self.speed.refreshed(refresh.slowdown(result, self._reference),
-                                 refresh.handoff_ms_per_mb(result, self._reference), started,
-                                 time.process_time() - cpu0, refresh.memory_slowdown(result, self._reference))
+
+    @contextlib.asynccontextmanager
+    async def _measured(self, stream: bool, cpu0: float) -> AsyncIterator[tuple[dict[str, float], float]]:
+        """One refresh's measurement and its CPU seconds: in a process of its own, which stays until the block
+        ends; or the stand-in `measure`, in a thread."""
+        if self._measure is None:
+            async with refresh.measured_apart(stream) as measured:
+                yield measured
+        else:
+            result = await asyncio.to_thread(self._measure, stream)
+            yield result, time.process_time() - cpu0
+
+    async def _sampled_again(self) -> None:
+        """Until the next sample has been handled (at most two intervals: sampling may be failing)."""
+        self._sampled.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._sampled.wait(), 2 * self.cfg.sample_interval_s + 1.0)
 
     async def _sample_task(self, sampler: Sampler) -> None:
         loop = asyncio.get_running_loop()
@@ -296,7 +320,7 @@ class Agent:
                 if self.metrics is not None:
                     self.metrics.probe_errors.labels("sample").inc()
                 continue
-            own_work = self.pool.calibrated_since(previous)
+            own_work = self.pool.own_work_since(previous)
             previous = started
             speed = self.speed.observe(state, started, own_work)
             if self.metrics is not None:
@@ -316,6 +340,7 @@ class Agent:
                 self._reasons = speed.reasons
                 log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
             self._state_seen.set()
+            self._sampled.set()
 
     def _release_hold(self, now: float) -> None:
         """The stored monitors follow the present speed again once it has a full reading (or after

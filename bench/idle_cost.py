@@ -1,11 +1,12 @@
 """Benchmark: the agent's CPU and memory at idle with 100 monitors.
 
-    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--settle 15] [--sample-interval 1.0]
+    .venv/bin/python -m bench.idle_cost [--monitors 100] [--seconds 60] [--settle 75] [--sample-interval 1.0]
 
 Starts the real agent (`daop-agent run --local-broker`) on this machine's
 real /sys and /proc with a private copy of the calibration, registers
 `--monitors` monitors (the blur segmenter at a range of frame sizes, each
-its own graph), lets it settle, then measures for `--seconds`: CPU time of
+its own graph), lets it settle (past `agent.estimate_idle_s`, after which the estimator's workers leave), then
+measures for `--seconds`: CPU time of
 the agent's process tree (the private Mosquitto left out; processes that
 come and go counted, and those that ended through their parent's children
 times) as a share of one core, its resident memory (RSS and PSS), and its
@@ -30,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from agent import calibration_store
-from agent.config import default_state_dir
+from agent.config import Config, default_state_dir
 from bench.support import start_agent, stop_agent, wait_online
 from daop_client import DaopClient
 
@@ -121,7 +122,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--monitors", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--settle", type=float, default=15.0, help="seconds to wait after registering")
+    ap.add_argument("--settle", type=float, default=Config.estimate_idle_s + 15.0,
+                    help="seconds to wait after registering (default: past the estimator workers' idle period)")
     ap.add_argument("--sample-interval", type=float, default=1.0)
     ap.add_argument("--state-dir", type=Path, default=None, help="calibration to copy (default: the agent's)")
     args = ap.parse_args()

@@ -21,6 +21,9 @@ from probes.tree_cpu import TreeCpu, TreeUsage
 
 STATIC_TTL_S = 60.0
 _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
+# Run-queue snapshots are taken between samples only while tasks wait for a CPU: PSI's `some` stall time over the
+# last interval at least this share of it (or PSI not seen moving, as a fixture's or a kernel without PSI).
+TICK_STALL_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -126,14 +129,23 @@ def parse_loadavg_running(text: str) -> int | None:
 
 def parse_psi_some_avg10(text: str) -> float | None:
     """`some avg10=2.91 avg60=...` -> 2.91."""
+    return parse_psi_some(text)[0]
+
+
+def parse_psi_some(text: str) -> tuple[float | None, int | None]:
+    """`some avg10=2.91 avg60=... total=12345` -> (2.91, 12345): the share of the last 10 s some task stalled, in
+    %, and the stall time so far, in us; None for what is missing or garbage."""
+    avg10 = total = None
     for line in text.splitlines():
         if line.startswith("some "):
             for part in line.split()[1:]:
                 key, _, value = part.partition("=")
                 if key == "avg10":
                     number = parse_float(value)
-                    return number if number is not None and 0.0 <= number <= 100.0 else None
-    return None
+                    avg10 = number if number is not None and 0.0 <= number <= 100.0 else None
+                elif key == "total" and value.isdigit():
+                    total = int(value)
+    return avg10, total
 
 
 def _parse_khz(text: str) -> float | None:
@@ -160,6 +172,9 @@ class CpuProbe:
         self._prev: tuple[CpuTimes, float] | None = None  # times, wall
         self._snapshots_lock = threading.Lock()  # tick() runs on the event loop, sample() in a thread
         self._snapshots = (0, 0)  # sum and count of the run-queue snapshots since the last sample
+        self._psi: tuple[int, float] | None = None  # PSI cpu `some` stall so far (us) and when read
+        self._psi_moved = False  # PSI's stall time has grown since the probe started: it is live, not a fixture's
+        self._stall: float | None = None  # the share of the last interval some task waited for a CPU (PSI)
         self._trees_lock = threading.Lock()  # track() and sample() each run in a thread of their own
         self._tracked: frozenset[int] = frozenset()
         self._trees: dict[int, TreeCpu] = {}
@@ -172,6 +187,12 @@ class CpuProbe:
             self._tracked = pids
             for pid in pids - set(self._trees):
                 self._tree_use(pid)
+
+    def wants_ticks(self) -> bool:
+        """Whether run-queue snapshots (tick) are worth taking before the next sample: only while tasks wait for
+        a CPU. PSI's stall time says when none did (then the tasks that want a CPU are the busy ones, and an
+        agent at rest sleeps from one sample to the next); without live PSI, always."""
+        return not self._psi_moved or self._stall is None or self._stall >= TICK_STALL_SHARE
 
     def tick(self) -> None:
         """One run-queue snapshot (/proc/loadavg: a small file, cheap to read), taken between samples
@@ -215,8 +236,8 @@ class CpuProbe:
                                              round(u.wait_s / interval if u.wait_s is not None and interval > 0
                                                    else 0.0, 4))
                               for pid, u in tracked.items()}
-        runnable = self._runnable(times, (own_cores or 0.0) + own_waiting, first=prev is None)
-        psi = take(self.proc.read("pressure/cpu", parse_psi_some_avg10), "cpu.psi_some_avg10", stale)
+        psi, stall = self._pressure(now, stale)
+        runnable = self._runnable(times, others, own_cores or 0.0, own_waiting, stall, first=prev is None)
         cur, top, limit = self._clocks(stale)
         return CpuState(
             cores=times.cores if times is not None else None,
@@ -255,20 +276,39 @@ class CpuProbe:
             tree = self._trees[pid] = TreeCpu(self.proc, ProcessTree(self.proc, pid))
         return tree.read()
 
-    def _runnable(self, times: CpuTimes | None, own_runnable: float, first: bool) -> float | None:
-        """Mean of the snapshots since the last sample and this one, less the reader in each and
-        the agent's own threads running or waiting, on average. None at the first sample: without an
-        interval the agent's own threads (its start-up, above all) cannot be taken out."""
+    def _pressure(self, now: float, stale: dict[str, float]) -> tuple[float | None, float | None]:
+        """PSI cpu: `some avg10`, and the share of the interval since the last reading that some task waited for a
+        CPU (None without two fresh readings of a live PSI: a last good total would read as no stall)."""
+        reading = self.proc.read("pressure/cpu", parse_psi_some)
+        avg10, total = reading.value or (None, None)
+        if avg10 is not None and reading.stale:
+            stale["cpu.psi_some_avg10"] = round(reading.age_s or 0.0, 3)
+        prev, self._psi = self._psi, (None if reading.stale or total is None else (total, now))
+        self._stall = None
+        if prev is not None and total is not None and self._psi is not None and now > prev[1] and total >= prev[0]:
+            self._psi_moved = self._psi_moved or total > prev[0]
+            self._stall = min(1.0, (total - prev[0]) / 1e6 / (now - prev[1]))
+        return avg10, self._stall
+
+    def _runnable(self, times: CpuTimes | None, others: float | None, own_cores: float, own_waiting: float,
+                  stall: float | None, first: bool) -> float | None:
+        """Others' tasks that want a CPU, on average over the interval: the mean of the snapshots since the last
+        sample and this one, less the reader in each and the agent's own threads running or waiting. Where none
+        were taken because no task waited (wants_ticks), the busy ones and what PSI saw waiting. None at the
+        first sample: without an interval the agent's own threads (its start-up, above all) cannot be taken
+        out."""
         with self._snapshots_lock:
             total, count = self._snapshots
             self._snapshots = (0, 0)
         if first:
             return None
+        if count == 0 and others is not None and self._psi_moved and stall is not None and stall < TICK_STALL_SHARE:
+            return others + max(0.0, stall - own_waiting)
         if times is not None and times.running is not None:
             total, count = total + times.running, count + 1
         if count == 0:
             return None
-        return max(0.0, total / count - 1.0 - own_runnable)
+        return max(0.0, total / count - 1.0 - own_cores - own_waiting)
 
     def _clocks(self, stale: dict[str, float]) -> tuple[float | None, float | None, float | None]:
         curs, maxes, limits = [], [], []

@@ -37,7 +37,11 @@ waits: that penalty depends on the machine's scheduler and hypervisor, and a
 constant fitted on one machine read 27-55 % high on another
 (docs/device-state.md).
 
-The sessions are created once and cached; one refresh runs until the process
+The agent measures in a short-lived process of its own (`measured_apart`: `python -m probes.refresh`), so that
+onnxruntime never stays in its memory; a child of the agent, its CPU is the agent's own (probes/tree_cpu.py).
+It stays, its threads idle, until the agent has sampled once more, so that the sampler reads its threads' waits
+for a CPU while they are there (a thread that has ended loses them, and would leave them to others' load).
+In one process the sessions are created once and cached; one refresh runs until the process
 has used `CPU_BUDGET_S` of CPU (so it lasts longer when the probe gets less
 of a core, and sees more slices), or `MAX_WALL_S` has passed.
 
@@ -46,20 +50,26 @@ When to refresh is monitors/speed/refresh_policy.py's to say.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import json
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import psutil
-from onnx import TensorProto, helper, numpy_helper
 
 from probes.cpu import last_level_cache_bytes
+
+if TYPE_CHECKING:  # the probes are built where they run (the refresh's own process), never in the agent's
+    import onnx
+    from onnx import TensorProto
 
 CPU_BUDGET_S = 0.15  # one refresh, all of the probe's threads together
 MAX_WALL_S = 0.4
@@ -88,11 +98,16 @@ HANDOFF_MB = 12.845
 # follows bandwidth less closely, and costs no more than this).
 STREAM_MIN_BYTES, STREAM_MAX_BYTES = 16 * 2 ** 20, 96 * 2 ** 20
 STREAM_WIDTH = 4096  # the buffer is rows of this many float32, the weights of x[1, k] @ w[k, STREAM_WIDTH]
+APART_TIMEOUT_S = 30.0  # a refresh's own process: its start (onnxruntime, the sessions) and one measurement
+LEAVE_TIMEOUT_S = 5.0  # for it to end once let go
+CPU_S_KEY = "cpu_s"  # what the refresh's own process reports beside the measurement: its whole CPU
 
 
 def _layer(kind: str, i: int, x: str, channels: int,
            rng: np.random.Generator) -> tuple[list[onnx.NodeProto], TensorProto]:
     """One probe layer (a convolution and its Relu) reading `x`: nodes and weight."""
+    from onnx import helper, numpy_helper  # noqa: PLC0415 - onnx only where the probes are built
+
     attrs: dict[str, Any]
     if kind == "conv":
         w, attrs = rng.standard_normal((channels, channels, 3, 3)) * 0.05, {"pads": [1, 1, 1, 1]}
@@ -107,6 +122,9 @@ def _layer(kind: str, i: int, x: str, channels: int,
 
 def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[bytes, dict[str, np.ndarray]]:
     """A probe graph (serialized ONNX) and its input, built in memory: `layers` in a chain."""
+    import onnx  # noqa: PLC0415 - onnx only where the probes are built
+    from onnx import TensorProto, helper  # noqa: PLC0415
+
     rng = np.random.default_rng(0)
     shape = [1, channels, pixels, pixels]
     nodes: list[onnx.NodeProto] = []
@@ -136,6 +154,8 @@ def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
 def stream_probe(cache_bytes: int) -> tuple[bytes, dict[str, np.ndarray]]:
     """y = x[1, k] @ w[k, STREAM_WIDTH], the weights an input (no prepacked copy) of about twice `cache_bytes`,
     each row with a value of its own (not a page of zeros shared by the kernel)."""
+    from onnx import TensorProto, helper  # noqa: PLC0415 - onnx only where the probes are built
+
     size = min(max(2 * cache_bytes, STREAM_MIN_BYTES), STREAM_MAX_BYTES)
     rows = max(1, size // (4 * STREAM_WIDTH))
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "stream_probe",
@@ -297,3 +317,54 @@ def memory_slowdown(now: dict[str, float], reference: dict[str, float]) -> float
         return None
     value = a / b / ratio
     return min(MAX_MEMORY_SLOWDOWN, max(MIN_MEMORY_SLOWDOWN, value)) if math.isfinite(value) else None
+
+
+@contextlib.asynccontextmanager
+async def measured_apart(stream: bool = False,
+                         timeout_s: float = APART_TIMEOUT_S) -> AsyncIterator[tuple[dict[str, float], float]]:
+    """One measurement (as `measure()`'s) in a process of its own, and the CPU seconds that process used, its start
+    included. The process stays, idle, until the block ends. A process that fails, says nothing readable or
+    overruns `timeout_s` (then killed) raises RuntimeError."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "probes.refresh", *(["--stream"] if stream else []), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout_s)
+        except TimeoutError:
+            raise RuntimeError(f"the refresh process ran past {timeout_s:g} s") from None
+        if not line:
+            await proc.wait()
+            tail = (await proc.stderr.read()).decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise RuntimeError(f"the refresh process exited with {proc.returncode}: {tail[0]}")
+        try:
+            reading = {str(k): float(v) for k, v in json.loads(line).items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise RuntimeError(f"the refresh process said nothing readable: {exc}") from None
+        cpu_s = reading.pop(CPU_S_KEY, 0.0)
+        yield reading, cpu_s
+    finally:
+        if proc.returncode is None:
+            proc.stdin.close()  # let go: it ends
+            try:
+                await asyncio.wait_for(proc.wait(), LEAVE_TIMEOUT_S)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+            except asyncio.CancelledError:  # the agent stops: the process goes with it
+                proc.kill()
+                raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m probes.refresh [--stream]`: one measurement as a line of JSON on stdout, with this process's
+    whole CPU; then it waits, idle, until its stdin closes (the agent has sampled its threads once more)."""
+    reading = measure(stream="--stream" in (sys.argv[1:] if argv is None else argv))
+    reading[CPU_S_KEY] = time.process_time()
+    print(json.dumps(reading), flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

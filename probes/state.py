@@ -218,8 +218,12 @@ class Sampler:
         self.cpu.track(pids)
 
     def tick(self) -> None:
-        """Called several times per sample interval: run-queue snapshots (CpuProbe.tick)."""
+        """Called several times per sample interval while wants_ticks(): run-queue snapshots (CpuProbe.tick)."""
         self.cpu.tick()
+
+    def wants_ticks(self) -> bool:
+        """Whether ticks are worth taking before the next sample (CpuProbe.wants_ticks: only while tasks wait)."""
+        return self.cpu.wants_ticks()
 
     def sample_over(self, window_s: float = ONE_SHOT_WINDOW_S) -> DeviceState:
         """The state over a window of its own, for one-shot readers (`state`, `estimate`): load is a

@@ -12,9 +12,10 @@ from agent.sampling import Sampled, SamplingThread
 class StandIn:
     """A sampler that fails when told to, and counts its run-queue snapshots."""
 
-    def __init__(self) -> None:
+    def __init__(self, waiting: bool = True) -> None:
         self.fail = False
         self.ticks = 0
+        self.waiting = waiting  # tasks wait for a CPU: run-queue snapshots are wanted
 
     def sample(self) -> Any:
         if self.fail:
@@ -23,6 +24,9 @@ class StandIn:
 
     def tick(self) -> None:
         self.ticks += 1
+
+    def wants_ticks(self) -> bool:
+        return self.waiting
 
 
 def run(sampler: StandIn, seconds: float, deliver: Any = None) -> list[Sampled]:
@@ -40,6 +44,13 @@ def test_the_thread_samples_every_interval_and_reads_the_run_queue_between():
     assert 2 <= len(got) <= 5 and all(s.state is not None for s in got)  # at most one an interval
     assert all(0.09 <= b.started - a.started for a, b in zip(got, got[1:], strict=False))
     assert 1 <= sampler.ticks <= 5 * len(got)  # one every 0.02 s at most
+
+
+def test_the_thread_sleeps_from_one_sample_to_the_next_while_no_task_waits():
+    sampler = StandIn(waiting=False)
+    got = run(sampler, 0.45)
+    assert 2 <= len(got) <= 5 and sampler.ticks == 0
+    assert all(0.09 <= b.started - a.started for a, b in zip(got, got[1:], strict=False))
 
 
 def test_a_failed_sample_is_handed_over_as_such_and_sampling_goes_on():

@@ -21,7 +21,7 @@ from onnx import numpy_helper as nh
 
 from bench.attacks import nested_functions_onnx
 from monitors.errors import BadInput, GraphError, LimitExceeded
-from monitors.graphs.graph import ABSENT_LOCATION, InputSpec
+from monitors.graphs.graph import ABSENT_LOCATION, DTYPE_NAMES, InputSpec
 from monitors.graphs.importer import input_specs_from_json, load_graph, parse_input_spec
 from monitors.graphs.limits import Limits
 from monitors.graphs.onnx_import import is_absent, iter_tensors, read_weightless
@@ -396,3 +396,12 @@ def test_local_functions_are_counted_as_inlined_before_they_are_inlined():
                           [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     with pytest.raises(GraphError, match="calls itself"):
         load_graph(oh.make_model(graph, functions=[loop], opset_imports=opsets).SerializeToString(), fmt="onnx")
+
+
+def test_the_dtype_codes_written_out_are_onnxs():
+    """monitors/graphs/graph.py writes ONNX's data type codes out (the agent's main process does not load onnx)."""
+    names = {code: onnx.TensorProto.DataType.Name(code) for code in DTYPE_NAMES}
+    assert names == {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 9: "BOOL",
+                     10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 16: "BFLOAT16"}
+    assert {onnx.helper.tensor_dtype_to_np_dtype(code).name for code in DTYPE_NAMES if code != 16} == \
+        {name for code, name in DTYPE_NAMES.items() if code != 16}

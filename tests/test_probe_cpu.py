@@ -10,7 +10,7 @@ import pytest
 
 from agent.simulation.load import Load
 from agent.simulation.trees import desktop, laptop, vm
-from probes.cpu import CpuProbe, CpuState, parse_loadavg_running, parse_proc_stat, parse_psi_some_avg10
+from probes.cpu import CpuProbe, CpuState, parse_loadavg_running, parse_proc_stat, parse_psi_some, parse_psi_some_avg10
 from probes.memory import MemoryProbe, parse_meminfo
 from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
@@ -93,6 +93,57 @@ def test_vm_fixture_tree_runnable_is_the_mean_of_the_snapshots_since_the_last_sa
     assert probe.sample().runnable_others == pytest.approx((6 + 6 + 2 + 2) / 4)
     tree.set_stat(busy=5400, idle=14000, steal=1000, running=1)
     assert probe.sample().runnable_others == 0.0  # the snapshots were used up: only the sample's own
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_vm_fixture_tree_no_run_queue_snapshots_while_psi_says_no_task_waited(tmp_path):
+    """At rest the sampler sleeps from one sample to the next: PSI's stall time says no task waited for a CPU,
+    so the tasks that want one are the busy ones."""
+    tree, clock = vm(tmp_path), Clock()
+    probe = CpuProbe(KernelFiles(tree.sys), KernelFiles(tree.proc), clock=clock)
+    stall_us = 1000
+    tree.set_psi(0.0, cpu_some_total_us=stall_us)
+    probe.sample()
+    assert probe.wants_ticks()  # PSI not seen moving yet: it could be a fixture's
+    busy = 5000
+    for stalled_s, want in ((0.5, True), (0.002, False), (0.2, True)):
+        clock.now += 1.0
+        busy += 100
+        stall_us += int(stalled_s * 1e6)
+        tree.set_psi(0.0, cpu_some_total_us=stall_us)
+        tree.set_stat(busy=busy, idle=14000, steal=1000, running=5)
+        state = probe.sample()
+        assert probe.wants_ticks() is want
+        if not want:  # no snapshot: the busy cores and what PSI saw waiting, not the sample's stray snapshot
+            assert state.runnable_others == pytest.approx(state.others_busy_cores + 0.002)
+        else:
+            assert state.runnable_others == pytest.approx(4.0)
+
+
+def test_vm_fixture_tree_wants_run_queue_snapshots_where_psi_does_not_move_or_is_missing(tmp_path):
+    tree, clock = vm(tmp_path), Clock()
+    probe = CpuProbe(KernelFiles(tree.sys), KernelFiles(tree.proc), clock=clock)
+    tree.set_psi(0.0, cpu_some_total_us=1000)  # a fixture's PSI: the same total at every read
+    for _ in range(3):
+        clock.now += 1.0
+        probe.sample()
+        assert probe.wants_ticks()
+    (tree.proc / "pressure" / "cpu").unlink()
+    clock.now += 1.0
+    probe.sample()
+    assert probe.wants_ticks()
+
+
+def test_parse_psi_some_gives_avg10_and_total():
+    assert parse_psi_some("some avg10=2.91 avg60=1.14 avg300=0.98 total=5\nfull total=0\n") == (2.91, 5)
+    assert parse_psi_some("some avg10=x total=-3\n") == (None, None)
 
 
 def _cpu(busy_cores: float, others: float, runnable: float | None) -> CpuState:

@@ -219,3 +219,35 @@ def test_slowdown_without_a_common_probe_is_none():
     assert slowdown(old_format, quiet) is None
     assert slowdown({LOCKSTEP_KEY: float("nan")}, quiet) is None
     assert slowdown({LOCKSTEP_KEY: 0.0}, quiet) is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_measured_apart_measures_in_a_process_of_its_own_which_stays_until_let_go():
+    """The agent's refresh: the same measurement as `measure()`, in a child process that this process never needs
+    onnxruntime for; the CPU reported covers the child's start; the child stays (idle) until the block ends, so
+    that the agent's next sample reads its threads."""
+    loaded_before = "onnxruntime" in sys.modules
+    children = set()
+    async with refresh.measured_apart(stream=True) as (reading, cpu_s):
+        assert set(reading) == {LOCKSTEP_KEY, HANDOFF_KEY, STREAM_KEY, "threads", "cores"}
+        assert 0 < reading[LOCKSTEP_KEY] < 1.0 and 0 < reading[STREAM_KEY] < 1.0
+        assert reading["threads"] == refresh.default_threads() and reading["cores"] == os.cpu_count()
+        assert cpu_s > refresh.CPU_BUDGET_S, "the child's whole CPU: its start and the measurement's budget"
+        children = {int(p) for p in open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()}
+        assert any(_alive(p) for p in children), "the refresh's process is still there"
+    assert not any(_alive(p) for p in children), "let go, it has ended"
+    assert ("onnxruntime" in sys.modules) == loaded_before
+
+
+async def test_measured_apart_reports_a_failing_process(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        async with refresh.measured_apart():
+            pass

@@ -46,8 +46,10 @@ class Tree:
         self.set_proc("stat", "\n".join(lines) + "\n")
         self.set_proc("loadavg", f"0.50 0.40 0.30 {running}/300 4242\n")
 
-    def set_psi(self, cpu_some_avg10: float, memory_some_avg10: float = 0.0) -> None:
-        self.set_proc("pressure/cpu", f"some avg10={cpu_some_avg10:.2f} avg60=0.00 avg300=0.00 total=1000\n"
+    def set_psi(self, cpu_some_avg10: float, memory_some_avg10: float = 0.0, cpu_some_total_us: int = 1000) -> None:
+        """PSI's averages; `cpu_some_total_us`: the time so far some task waited for a CPU."""
+        self.set_proc("pressure/cpu", f"some avg10={cpu_some_avg10:.2f} avg60=0.00 avg300=0.00 "
+                                      f"total={cpu_some_total_us}\n"
                                       "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
         self.set_proc("pressure/memory", f"some avg10={memory_some_avg10:.2f} avg60=0.00 avg300=0.00 total=10\n"
                                          "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")

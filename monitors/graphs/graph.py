@@ -9,27 +9,31 @@ never read. A stripped tensor is marked as external data at ABSENT_LOCATION.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
+
+if TYPE_CHECKING:  # the agent's main process reads input specs and dtype names, never graphs: it does not load onnx
+    import onnx
 
 ABSENT_LOCATION = "daop:absent"
 
-# ONNX TensorProto.DataType -> numpy-style dtype name.
+# ONNX TensorProto.DataType -> numpy-style dtype name. The codes are ONNX's (onnx.proto: stable, they are on disk),
+# written out so that the agent's main process does not load onnx (tests/test_onnx_import.py checks them).
 DTYPE_NAMES: dict[int, str] = {
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.UINT8: "uint8",
-    onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT16: "uint16",
-    onnx.TensorProto.INT16: "int16",
-    onnx.TensorProto.INT32: "int32",
-    onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.BOOL: "bool",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.UINT32: "uint32",
-    onnx.TensorProto.UINT64: "uint64",
-    onnx.TensorProto.BFLOAT16: "bfloat16",
+    1: "float32",  # FLOAT
+    2: "uint8",  # UINT8
+    3: "int8",  # INT8
+    4: "uint16",  # UINT16
+    5: "int16",  # INT16
+    6: "int32",  # INT32
+    7: "int64",  # INT64
+    9: "bool",  # BOOL
+    10: "float16",  # FLOAT16
+    11: "float64",  # DOUBLE
+    12: "uint32",  # UINT32
+    13: "uint64",  # UINT64
+    16: "bfloat16",  # BFLOAT16
 }
 DTYPE_CODES: dict[str, int] = {name: code for code, name in DTYPE_NAMES.items()}
 ITEMSIZE: dict[str, int] = {

@@ -21,7 +21,7 @@ from monitors.pricing.generation import (
 )
 from monitors.pricing.kernels import Plan
 from monitors.pricing.tiers import tier_for
-from monitors.speed.present import AT_REST, Speed, fastest
+from monitors.speed.present import AT_REST, Speed, fastest, memory_shortfall
 from probes.calibration import Calibration
 
 
@@ -44,16 +44,6 @@ class GenerationEstimate:
     kernels: int  # of one prefill
     memory_bytes: int  # weights + KV cache at the full context + peak activations
     why_not: str | None = None  # why it cannot run now, for the log
-
-
-def memory_shortfall(need_bytes: float, speed: Speed, device: str) -> str | None:
-    """Why a model does not fit in the memory its device has free now (None when it does, or when unknown):
-    weights, KV cache and activations against the CPU's available memory or the GPU's free memory."""
-    free = speed.gpu_free_bytes if device == "gpu" else speed.mem_available_bytes
-    if free is None or need_bytes <= free:
-        return None
-    what = "GPU memory" if device == "gpu" else "memory"
-    return f"needs {need_bytes / 1e9:.2f} GB of {what} (weights, KV cache, activations); {free / 1e9:.2f} GB free now"
 
 
 class Estimator:

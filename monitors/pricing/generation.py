@@ -27,14 +27,17 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from monitors.errors import BadInput
-from monitors.graphs.decoder import Decoder
-from monitors.graphs.graph import Graph, InputSpec
 from monitors.pricing.kernels import Plan
 from monitors.pricing.tiers import tier_for
+
+if TYPE_CHECKING:  # types only: the agent's main process reads plans, it never imports graphs (agent/analysis.py)
+    from monitors.graphs.decoder import Decoder
+    from monitors.graphs.graph import Graph, InputSpec
 
 DECODE_POINTS = 3  # pasts at which a decode step is priced (the first, the middle, the last)
 MAX_TOKENS = 1 << 20  # a prompt or an answer longer than this is not a request anyone makes

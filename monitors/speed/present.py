@@ -141,6 +141,16 @@ def latencies_ms(base_ms: np.ndarray, device: np.ndarray, memory_bytes: np.ndarr
     return np.where(memory_bytes > speed.free_bytes()[device], math.inf, lat)
 
 
+def memory_shortfall(need_bytes: float, speed: Speed, device: str) -> str | None:
+    """Why a model does not fit in the memory its device has free now (None when it does, or when unknown):
+    weights, KV cache and activations against the CPU's available memory or the GPU's free memory."""
+    free = speed.gpu_free_bytes if device == "gpu" else speed.mem_available_bytes
+    if free is None or need_bytes <= free:
+        return None
+    what = "GPU memory" if device == "gpu" else "memory"
+    return f"needs {need_bytes / 1e9:.2f} GB of {what} (weights, KV cache, activations); {free / 1e9:.2f} GB free now"
+
+
 def fastest(base_ms: Mapping[str, float], speed: Speed, memory_bytes: int = 0,
             written_mb: float = 0.0, stream_ms: float = 0.0) -> tuple[float, str]:
     """The fastest device's present latency for one model (calibrated latency by device), and that device.
