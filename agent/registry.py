@@ -51,7 +51,11 @@ async def _nothing(pids: frozenset[int]) -> None:
 
 class MonitorRegistry:
     def __init__(self, state_dir: Path, rules: MonitorRules, max_monitors: int, topics: Topics,
-                 send: Callable[..., None], procfs_root: str = "/proc", max_per_owner: int | None = None) -> None:
+                 send: Callable[..., None], procfs_root: str = "/proc", max_per_owner: int | None = None, *,
+                 on_storage: Callable[[str | None], None] = lambda why: None,
+                 on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing) -> None:
+        """`on_storage`: told why saving fails, or None, when that changes; `on_running`: told the pids of the
+        apps that run monitored workloads, when they change."""
         self.store = MonitorStore(state_dir)
         self.table = MonitorTable(rules)
         self.records: dict[str, StoredMonitor] = {}
@@ -73,8 +77,8 @@ class MonitorRegistry:
         self._unsaved: dict[str, tuple[int, bool, list[bool] | None]] = {}
         self._expires: dict[str, float] = {}  # a leased monitor -> when it is deleted unless renewed (monotonic)
         self.storage_error: str | None = None  # why the last save failed; None while saving works
-        self.on_storage: Callable[[str | None], None] = lambda why: None  # told when that changes
-        self.on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing  # told the running pids on a change
+        self.on_storage = on_storage
+        self.on_running = on_running
 
     def __len__(self) -> int:
         return len(self.records)

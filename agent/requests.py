@@ -64,7 +64,9 @@ class RequestHandler:
 
     def __init__(self, cfg: Config, topics: Topics, registry: MonitorRegistry, pool: AnalysisPool,
                  speed: PresentSpeed, answer: Answer, veto: Callable[[], str | None],
-                 engine_error: Callable[[], str | None], speeds: Callable[[], list[Speed]]) -> None:
+                 engine_error: Callable[[], str | None], speeds: Callable[[], list[Speed]],
+                 observe: Callable[[str, str, float], None] | None = None) -> None:
+        """`observe`: told each request's method, outcome ("ok" or the error code) and seconds (the metrics)."""
         self.cfg = cfg
         self.topics = topics
         self.registry = registry
@@ -77,7 +79,7 @@ class RequestHandler:
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending_bytes = 0  # payload bytes of the requests in hand
-        self.observe: Callable[[str, str, float], None] | None = None  # (method, "ok" or error code, seconds)
+        self.observe = observe
         privacy = cfg.privacy
         self.budgets = ClientBudgets(privacy.burst, privacy.per_minute, privacy.max_clients) \
             if privacy.enabled else None

@@ -76,19 +76,17 @@ class Agent:
                                             *((cfg.homeassistant.status_topic,) if self.homeassistant else ())),
                              on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
         self.registry = MonitorRegistry(cfg.state_dir, cfg.rules, cfg.limits.max_monitors, self.topics,
-                                        self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner)
-        self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.link.answer,
-                                       veto=lambda: self._veto, engine_error=lambda: self.engine_error,
-                                       speeds=lambda: self.speeds)
+                                        self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner,
+                                        on_storage=self._storage_changed, on_running=self._track)
         self.metrics = Metrics(cfg.metrics, monitors=lambda: len(self.registry),
                                running=lambda: len(self.registry.running_pids()),
                                connected=self.link.connected.is_set, calibrating=lambda: self.pool.calibrating,
                                calibration_file=lambda d: calibration_store.calibration_path(cfg.state_dir, d)) \
             if cfg.metrics.port else None
-        if self.metrics is not None:
-            self.requests.observe = self.metrics.answered
-        self.registry.on_storage = self._storage_changed
-        self.registry.on_running = self._track
+        self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.link.answer,
+                                       veto=lambda: self._veto, engine_error=lambda: self.engine_error,
+                                       speeds=lambda: self.speeds,
+                                       observe=self.metrics.answered if self.metrics is not None else None)
         self._sampler = sampler
         self._measure = measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device

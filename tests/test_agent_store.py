@@ -199,8 +199,8 @@ def test_a_change_the_disk_refuses_is_held_and_sent_in_order_once_saving_works_f
     told: list = []
 
     async def scenario() -> None:
-        reg = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
-        reg.on_storage = told.append
+        reg = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m),
+                              on_storage=told.append)
         reg.load()
         analysis = Analysis({"cpu": "{}"}, {"cpu": 5.0}, 0)
         meets, _, _ = await reg.create("m", [("", Requirement.parse({"requiredTier": "good"}), analysis)],
