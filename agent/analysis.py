@@ -270,7 +270,7 @@ class AnalysisPool:
         self.idle_s = idle_s
         self.quick = quick  # a first calibration made here is quick
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._starting: asyncio.Task[concurrent.futures.ProcessPoolExecutor] | None = None
+        self._starting = asyncio.Lock()  # one start of the workers at a time; the calls meanwhile wait for it
         self._spawning: concurrent.futures.ProcessPoolExecutor | None = None  # workers being started
         self._aside: concurrent.futures.ProcessPoolExecutor | None = None  # a calibration's own process
         self._ready = asyncio.Event()
@@ -352,16 +352,10 @@ class AnalysisPool:
 
     async def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
         """The running workers, started (every one, each with the estimator loaded) if there are none."""
-        if self._pool is not None:
+        async with self._starting:
+            if self._pool is None:
+                self._pool = await self._start_workers()
             return self._pool
-        if self._starting is None:
-            self._starting = asyncio.get_running_loop().create_task(self._start_workers())
-        starting = self._starting
-        try:
-            return await asyncio.shield(starting)
-        finally:
-            if self._starting is starting and starting.done():
-                self._starting = None
 
     async def _start_workers(self) -> concurrent.futures.ProcessPoolExecutor:
         log.info("estimator workers starting (%d)", self.workers)
@@ -378,7 +372,6 @@ class AnalysisPool:
             self._spawning = None
             self._changing -= 1
             self._marked()
-        self._pool = pool
         return pool
 
     def _leave(self, pool: concurrent.futures.ProcessPoolExecutor, kill: bool = False) -> None:

@@ -236,8 +236,8 @@ class CpuProbe:
                                              round(u.wait_s / interval if u.wait_s is not None and interval > 0
                                                    else 0.0, 4))
                               for pid, u in tracked.items()}
-        psi, stall = self._pressure(now, stale)
-        runnable = self._runnable(times, others, own_cores or 0.0, own_waiting, stall, first=prev is None)
+        psi = self._pressure(now, stale)
+        runnable = self._runnable(times, others, own_cores or 0.0, own_waiting, first=prev is None)
         cur, top, limit = self._clocks(stale)
         return CpuState(
             cores=times.cores if times is not None else None,
@@ -276,22 +276,20 @@ class CpuProbe:
             tree = self._trees[pid] = TreeCpu(self.proc, ProcessTree(self.proc, pid))
         return tree.read()
 
-    def _pressure(self, now: float, stale: dict[str, float]) -> tuple[float | None, float | None]:
-        """PSI cpu: `some avg10`, and the share of the interval since the last reading that some task waited for a
-        CPU (None without two fresh readings of a live PSI: a last good total would read as no stall)."""
+    def _pressure(self, now: float, stale: dict[str, float]) -> float | None:
+        """PSI cpu's `some avg10`; keeps the share of the interval since the last reading that some task waited
+        for a CPU (`_stall`: None without two fresh readings, as a last good total would read as no stall)."""
         reading = self.proc.read("pressure/cpu", parse_psi_some)
-        avg10, total = reading.value or (None, None)
-        if avg10 is not None and reading.stale:
-            stale["cpu.psi_some_avg10"] = round(reading.age_s or 0.0, 3)
+        avg10, total = take(reading, "cpu.psi_some_avg10", stale) or (None, None)
         prev, self._psi = self._psi, (None if reading.stale or total is None else (total, now))
         self._stall = None
         if prev is not None and total is not None and self._psi is not None and now > prev[1] and total >= prev[0]:
             self._psi_moved = self._psi_moved or total > prev[0]
             self._stall = min(1.0, (total - prev[0]) / 1e6 / (now - prev[1]))
-        return avg10, self._stall
+        return avg10
 
     def _runnable(self, times: CpuTimes | None, others: float | None, own_cores: float, own_waiting: float,
-                  stall: float | None, first: bool) -> float | None:
+                  first: bool) -> float | None:
         """Others' tasks that want a CPU, on average over the interval: the mean of the snapshots since the last
         sample and this one, less the reader in each and the agent's own threads running or waiting. Where none
         were taken because no task waited (wants_ticks), the busy ones and what PSI saw waiting. None at the
@@ -302,8 +300,8 @@ class CpuProbe:
             self._snapshots = (0, 0)
         if first:
             return None
-        if count == 0 and others is not None and self._psi_moved and stall is not None and stall < TICK_STALL_SHARE:
-            return others + max(0.0, stall - own_waiting)
+        if count == 0 and others is not None and not self.wants_ticks():
+            return others + max(0.0, (self._stall or 0.0) - own_waiting)
         if times is not None and times.running is not None:
             total, count = total + times.running, count + 1
         if count == 0:
