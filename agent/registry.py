@@ -49,17 +49,24 @@ async def _nothing(pids: frozenset[int]) -> None:
     """No one to tell."""
 
 
+def _unheard() -> None:
+    """No one to tell."""
+
+
 class MonitorRegistry:
     def __init__(self, state_dir: Path, rules: MonitorRules, max_monitors: int, topics: Topics,
                  send: Callable[..., None], procfs_root: str = "/proc", max_per_owner: int | None = None, *,
                  on_storage: Callable[[str | None], None] = lambda why: None,
-                 on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing) -> None:
+                 on_running: Callable[[frozenset[int]], Awaitable[None]] = _nothing,
+                 on_change: Callable[[], None] = _unheard) -> None:
         """`on_storage`: told why saving fails, or None, when that changes; `on_running`: told the pids of the
-        apps that run monitored workloads, when they change."""
+        apps that run monitored workloads, when they change; `on_change`: told when what prices a monitor
+        changes outside a tick (a monitor added, replaced or removed, re-priced, taught, run by its app)."""
         self.store = MonitorStore(state_dir)
         self.table = MonitorTable(rules)
         self.records: dict[str, StoredMonitor] = {}
         self.learnt: dict[str, list[Learnt]] = {}  # monitor -> one per workload
+        self._taught: set[str] = set()  # the monitors whose learnt corrections hold reports
         self.max_monitors = max_monitors
         self.max_per_owner = max_per_owner  # None: no share below max_monitors
         self.topics = topics
@@ -79,6 +86,7 @@ class MonitorRegistry:
         self.storage_error: str | None = None  # why the last save failed; None while saving works
         self.on_storage = on_storage
         self.on_running = on_running
+        self.on_change = on_change
 
     def __len__(self) -> int:
         return len(self.records)
@@ -90,7 +98,7 @@ class MonitorRegistry:
         monitors, last_seq = self.store.load()
         for m in monitors:
             self._add(m)
-            self.learnt[m.monitor] = self._load_learnt(m)
+            self._set_learnt(m.monitor, self._load_learnt(m))
         self.table.last_seq = max(self.table.last_seq, last_seq)
         self.table.hold()  # they keep their stored answers until the agent's present speed has a full reading
         if monitors:
@@ -118,15 +126,25 @@ class MonitorRegistry:
         if m.lease_s is not None:  # a full lease from its creation, or from the agent's start
             self._expires[m.monitor] = time.monotonic() + m.lease_s
         self.table.add(m.monitor, [w.member() for w in m.workloads], m.meets, m.seq, m.member_meets)
+        self.on_change()
 
     def _forget(self, monitor: str) -> None:
         self.records.pop(monitor, None)
         self._unsaved.pop(monitor, None)
         self._expires.pop(monitor, None)
         self.learnt.pop(monitor, None)
+        self._taught.discard(monitor)
         self._warm_dirty.discard(monitor)
         if monitor in self.table:
             self.table.remove(monitor)
+        self.on_change()
+
+    def _set_learnt(self, monitor: str, learnt: list[Learnt]) -> None:
+        self.learnt[monitor] = learnt
+        if any(x.reports for x in learnt):
+            self._taught.add(monitor)
+        else:
+            self._taught.discard(monitor)
 
     def _state(self, rec: StoredMonitor) -> Outgoing:
         if not rec.group:
@@ -225,7 +243,7 @@ class MonitorRegistry:
                 await asyncio.to_thread(self.store.save_monitor, rec)
                 self._forget(monitor)
                 self._add(rec)
-                self.learnt[monitor] = [Learnt() for _ in stored]
+                self._set_learnt(monitor, [Learnt() for _ in stored])
                 await self._save_seq()
             except OSError as exc:
                 self._forget(monitor)
@@ -233,7 +251,7 @@ class MonitorRegistry:
                 try:
                     if previous is not None:  # a failed replace leaves the old monitor as it was
                         self._add(previous)
-                        self.learnt[monitor] = previous_learnt or [Learnt() for _ in previous.workloads]
+                        self._set_learnt(monitor, previous_learnt or [Learnt() for _ in previous.workloads])
                         await asyncio.to_thread(self.store.save_monitor, previous)
                     else:
                         await asyncio.to_thread(self.store.delete_monitor, monitor)
@@ -284,6 +302,10 @@ class MonitorRegistry:
             renewed.append(monitor)
         return renewed, unknown
 
+    def next_expiry(self) -> float:
+        """When the next leased monitor is deleted unless renewed (monotonic; inf: none is leased)."""
+        return min(self._expires.values(), default=math.inf)
+
     async def expire(self, now: float) -> list[str]:
         """Delete the leased monitors nobody renewed in time (their clients have gone); the ones deleted."""
         gone = [m for m, at in self._expires.items() if at <= now]
@@ -313,6 +335,7 @@ class MonitorRegistry:
                 rec.running = before
                 self._storage(exc, f"monitor {monitor}")
                 raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
+        self.on_change()
         await self.on_running(self.running_pids())
 
     def report(self, monitor: str, workload: str | None, latencies_ms: Sequence[float], speeds: Sequence[Speed],
@@ -334,7 +357,9 @@ class MonitorRegistry:
         except ValueError as exc:
             raise BadInput(str(exc), "bad_report") from None
         self.learnt[monitor][rec.workloads.index(w)].add(learnt)
+        self._taught.add(monitor)
         self._warm_dirty.add(monitor)
+        self.on_change()
 
     # -- pricing and evaluation ---------------------------------------------------------------------------------------
 
@@ -350,6 +375,7 @@ class MonitorRegistry:
         speeds = [general]
         state = present.priced
         cores = None if state is None else state.cpu.cores
+        classes: dict[str, int] = {}
         for rec in self.records.values():
             if rec.running is None:
                 continue
@@ -358,20 +384,16 @@ class MonitorRegistry:
                 rate = rec.running.rate_hz or sum(w.requirement.sustained_hz for w in rec.workloads)
                 latency = sum(fastest({w.device: w.base_ms[w.device]}, general)[0] for w in rec.workloads)
                 share = expected_share(rate, latency, present.threads, cores)
-            self.table.set_speed_class(rec.monitor, len(speeds))
+            classes[rec.monitor] = len(speeds)
             held = {d: sum(w.memory_bytes for w in rec.workloads if w.device == d) for d in ("cpu", "gpu")}
             speeds.append(present.for_share(share).holding(held["cpu"], held["gpu"]))
-        for rec in self.records.values():
-            if rec.running is None:
-                self.table.set_speed_class(rec.monitor, 0)
+        self.table.set_speed_classes(classes)
         return speeds
 
     def _learn(self, speeds: Sequence[Speed], now: float) -> None:
         """Each taught monitor's corrections at the present speeds (learning fades as the state moves away)."""
-        for monitor, learnt in self.learnt.items():
-            if not any(x.reports for x in learnt):
-                continue
-            rec = self.records[monitor]
+        for monitor in self._taught:
+            learnt, rec = self.learnt[monitor], self.records[monitor]
             speed = speeds[self.table.speed_class(monitor)]
             corrections = []
             for w, x in zip(rec.workloads, learnt, strict=True):
@@ -443,6 +465,7 @@ class MonitorRegistry:
                 if rec is not None:
                     self.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads],
                                         [w.stream_ms for w in rec.workloads])
+            self.on_change()
 
     # -- files -------------------------------------------------------------------------------------------------------
 

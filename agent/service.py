@@ -6,7 +6,8 @@ One asyncio TaskGroup holds them:
   NVML or a battery read may block), turned into the present speed (monitors/speed/present.py);
 - warm refresh: a few micro-benchmarks when the present speed says one is due, in a process of its own
   (onnxruntime never stays in the agent's memory);
-- evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py);
+- evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py), except the states
+  inside the band the last evaluation left, where no answer can move (monitors/steady.py);
 - the estimator: calibration the first time (in a process of its own), then graph import and pricing in
   worker processes with a time limit, started by a request and gone after a quiet period (agent/analysis.py);
 - MQTT (agent/mqtt_link.py), with requests handled by agent/requests.py;
@@ -41,6 +42,7 @@ from agent.sampling import Sampled, SamplingThread
 from agent.topics import Outgoing, Topics, online
 from monitors.speed.present import PresentSpeed, Speed
 from monitors.speed.refresh_policy import REFRESH_BACKOFF, RefreshPolicy
+from monitors.steady import MAX_SKIPPED, Steady, band
 from probes import refresh
 from probes.state import TICKS_PER_SAMPLE, DeviceState, Sampler
 
@@ -77,7 +79,8 @@ class Agent:
                              on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
         self.registry = MonitorRegistry(cfg.state_dir, cfg.rules, cfg.limits.max_monitors, self.topics,
                                         self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner,
-                                        on_storage=self._storage_changed, on_running=self._track)
+                                        on_storage=self._storage_changed, on_running=self._track,
+                                        on_change=self._unsteady)
         self.metrics = Metrics(cfg.metrics, monitors=lambda: len(self.registry),
                                running=lambda: len(self.registry.running_pids()),
                                connected=self.link.connected.is_set, calibrating=lambda: self.pool.calibrating,
@@ -88,6 +91,8 @@ class Agent:
                                        speeds=lambda: self.speeds,
                                        observe=self.metrics.answered if self.metrics is not None else None)
         self._sampler = sampler
+        self._sampling: SamplingThread | None = None
+        self._evaluating = 0  # the number of the sample the next evaluation prices (Sampled.number)
         self._measure = measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device
         self._veto: str | None = None
@@ -132,6 +137,11 @@ class Agent:
         self.link.set_online(online(why is None))
         self.notifier.status(f"storage failing: {why}; {len(self.registry)} monitor(s)" if why else
                              f"storage works again; {len(self.registry)} monitor(s)")
+
+    def _unsteady(self) -> None:
+        """The monitors changed: the next sample is evaluated, whatever the band says."""
+        if self._sampling is not None:
+            self._sampling.steady = None
 
     async def _track(self, pids: frozenset[int]) -> None:
         """An app that says it runs a monitored workload is read at once (Sampler.track), not at the next sample:
@@ -298,8 +308,8 @@ class Agent:
             newest[:] = [sampled]
             ready.set()
 
-        thread = SamplingThread(sampler, self.cfg.sample_interval_s, self._tick_s,
-                                lambda sampled: loop.call_soon_threadsafe(arrived, sampled)).start()
+        thread = self._sampling = SamplingThread(sampler, self.cfg.sample_interval_s, self._tick_s,
+                                                 lambda sampled: loop.call_soon_threadsafe(arrived, sampled)).start()
         try:
             await self._on_samples(sampler, ready, newest)
         finally:
@@ -308,18 +318,17 @@ class Agent:
     async def _on_samples(self, sampler: Sampler, ready: asyncio.Event, newest: list[Sampled]) -> None:
         """Each sample, as the sampler's thread hands it over: the present speed, the apps' runs, the policy."""
         veto_logged: str | None = None
-        previous = time.monotonic()  # the start of the interval the next sample's load covers
         while True:
             await ready.wait()
             ready.clear()
-            started, state, error = newest[0].started, newest[0].state, newest[0].error
+            sampled = newest[0]
+            started, state = sampled.started, sampled.state
             if state is None:
-                log.warning("sampling failed: %s", error)
+                log.warning("sampling failed: %s", sampled.error)
                 if self.metrics is not None:
                     self.metrics.probe_errors.labels("sample").inc()
                 continue
-            own_work = self.pool.own_work_since(previous)
-            previous = started
+            own_work = self.pool.own_work_since(sampled.since)
             speed = self.speed.observe(state, started, own_work)
             if self.metrics is not None:
                 self.metrics.sampled(state, speed.cpu)
@@ -337,6 +346,7 @@ class Agent:
             if speed.reasons != self._reasons:
                 self._reasons = speed.reasons
                 log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
+            self._evaluating = sampled.number
             self._state_seen.set()
             self._sampled.set()
 
@@ -357,7 +367,24 @@ class Agent:
         while True:
             await self._state_seen.wait()
             self._state_seen.clear()
+            number = self._evaluating
             await self.registry.evaluate(time.monotonic(), self.speeds, self._veto is not None)
+            if self._sampling is not None and not self._state_seen.is_set():
+                self._sampling.steady = self._band(number)
+
+    def _band(self, number: int) -> Steady | None:
+        """The band of states the evaluation of sample `number` leaves unchanged (monitors/steady.py), or None
+        while something else may move an answer: the stored monitors held, saving failing (retried every tick),
+        the agent's own work or a warm refresh under way."""
+        present = self.speed
+        if self._holding or self.registry.storage_error is not None or self.pool.busy or present.refreshing \
+                or present.priced is None or present.held:
+            return None
+        now = time.monotonic()
+        until = min(now + (MAX_SKIPPED + 0.5) * self.cfg.sample_interval_s, self.registry.next_expiry())
+        return band(self.registry.table, present.priced, present.speed, number, now, until,
+                    threads=present.threads, measurement=present.measurement, current=present.measurement_current,
+                    policy=present.policy, veto=self._veto is not None)
 
     async def _watchdog_task(self) -> None:
         interval = watchdog_interval_s()

@@ -276,9 +276,12 @@ class MonitorTable:
     def speed_class(self, monitor: str) -> int:
         return int(self._class[self._index[monitor]])
 
-    def set_speed_class(self, monitor: str, speed_class: int) -> None:
-        """The speed it is priced at: evaluate's `speeds[speed_class]` (0: the device as everyone sees it)."""
-        self._class[self._index[monitor]] = speed_class
+    def set_speed_classes(self, classes: dict[str, int]) -> None:
+        """Every monitor's speed class, the speed it is priced at (evaluate's `speeds[c]`): those in `classes` as
+        given, the others 0 (the device as everyone sees it)."""
+        self._class[:self._n] = 0
+        for monitor, speed_class in classes.items():
+            self._class[self._index[monitor]] = speed_class
 
     # -- evaluation -------------------------------------------------------------------------------------------------
 
@@ -311,27 +314,10 @@ class MonitorTable:
         if n == 0:
             return []
         r = self.rules
-        response, utilisation = response_times(self.latencies(speeds), self._rate[:k], self._of[:k], n)
-        meets, member_meets = self._meets[:n], self._mmeets[:k]
-        if veto:
-            new_members = np.zeros(k, dtype=bool)
-            fits = np.zeros(n, dtype=bool)
-        else:
-            deadline = self._deadline[:k]
-            # an infinite deadline ('poor') is met by every finite response
-            new_members = np.where(member_meets, response < deadline * (1.0 + r.margin),
-                                   response < deadline * (1.0 - r.margin))
-            fits = np.where(meets, utilisation < UTILISATION_BOUND * (1.0 + r.margin),
-                            utilisation < UTILISATION_BOUND * (1.0 - r.margin))
-        failing = np.bincount(self._of[:k], weights=~new_members, minlength=n)
-        want = fits & (failing == 0)
-        members = np.bincount(self._of[:k], minlength=n)
-        # a group's workloads' answers are published too: one moving is a change; a lone workload's is the
-        # monitor's own, which `want` covers
-        member_moved = (np.bincount(self._of[:k], weights=new_members != member_meets, minlength=n) > 0) & (members > 1)
-        flip = (want != meets) | member_moved
+        want, new_members, flip, members = self._wanted(speeds, veto)
         if not flip.any():
             return []
+        meets, member_meets = self._meets[:n], self._mmeets[:k]
         flip &= (now - self._last_change[:n]) >= r.dwell_s
         oldest = self._events[np.arange(n), self._ring[:n]]
         flip &= (now - oldest) >= RATE_WINDOW_S
@@ -352,6 +338,47 @@ class MonitorTable:
             answers = tuple(member_meets[self._rows(i)].tolist()) if group else None
             changes.append(Change(self._ids[i], bool(meets[i]), seq, answers))
         return changes
+
+
+    def would_change(self, speeds: Speed | Sequence[Speed], veto: bool = False) -> bool:
+        """Whether any monitor's answer would move at these speeds, dwell and rate cap aside: a dry run of
+        `evaluate` that changes nothing (monitors/steady.py asks it at the edges of a band of speeds)."""
+        return self._n > 0 and bool(self._wanted(speeds, veto)[2].any())
+
+    def _wanted(self, speeds: Speed | Sequence[Speed], veto: bool
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """At these speeds: each monitor's wanted answer, each member's, which monitors would flip (their answer
+        or, in a group, a member's), and each monitor's member count. Hysteresis applies; dwell and the rate cap
+        are evaluate's."""
+        n, k = self._n, self._k
+        r = self.rules
+        response, utilisation = response_times(self.latencies(speeds), self._rate[:k], self._of[:k], n)
+        meets, member_meets = self._meets[:n], self._mmeets[:k]
+        if veto:
+            new_members = np.zeros(k, dtype=bool)
+            fits = np.zeros(n, dtype=bool)
+        else:
+            deadline = self._deadline[:k]
+            # an infinite deadline ('poor') is met by every finite response
+            new_members = np.where(member_meets, response < deadline * (1.0 + r.margin),
+                                   response < deadline * (1.0 - r.margin))
+            fits = np.where(meets, utilisation < UTILISATION_BOUND * (1.0 + r.margin),
+                            utilisation < UTILISATION_BOUND * (1.0 - r.margin))
+        failing = np.bincount(self._of[:k], weights=~new_members, minlength=n)
+        want = fits & (failing == 0)
+        members = np.bincount(self._of[:k], minlength=n)
+        # a group's workloads' answers are published too: one moving is a change; a lone workload's is the
+        # monitor's own, which `want` covers
+        member_moved = (np.bincount(self._of[:k], weights=new_members != member_meets, minlength=n) > 0) & (members > 1)
+        return want, new_members, (want != meets) | member_moved, members
+
+    def on_cpu_only(self) -> bool:
+        """Whether every member runs on the CPU (no accelerator's load or memory prices any)."""
+        return bool(np.all(self._device[:self._k] == DEVICE_INDEX["cpu"]))
+
+    def uniform_class(self) -> bool:
+        """Whether every monitor is priced at the device's speed as everyone sees it (class 0: no app runs its own)."""
+        return not np.any(self._class[:self._n])
 
 
 def response_times(latency_ms: np.ndarray, rate_hz: np.ndarray, monitor_of: np.ndarray,

@@ -73,3 +73,54 @@ def test_the_thread_ends_when_its_loop_is_closed():
 
     thread = SamplingThread(StandIn(), 0.1, 0.02, closed).start()  # type: ignore[arg-type]
     assert thread.join(1.0)
+
+
+class Band:
+    """A stand-in for monitors/steady.py's Steady: holds for the samples it is told to."""
+
+    def __init__(self, number: int, holds: bool = True) -> None:
+        self.number = number
+        self.holding = holds
+
+    def holds(self, state: Any, now: float) -> bool:
+        return self.holding
+
+
+def test_samples_inside_the_band_are_not_handed_over_and_the_first_outside_it_is_at_once():
+    got: list[tuple[Sampled, int]] = []  # each sample handed over, and how many were skipped before it
+    bands: list[Band] = []
+
+    def deliver(sampled: Sampled) -> None:  # the agent's evaluation: a band from the sample it evaluated
+        got.append((sampled, thread.skipped))
+        bands.append(Band(sampled.number, holds=not bands))  # the first holds until told; the later ones never
+        thread.steady = bands[-1]  # type: ignore[assignment]
+
+    thread = SamplingThread(StandIn(waiting=False), 0.05, 0.02, deliver)  # type: ignore[arg-type]
+    thread.start()
+    time.sleep(0.4)
+    assert len(got) == 1 and thread.skipped >= 2  # the rest were inside the band
+    bands[0].holding = False
+    time.sleep(0.15)
+    thread.stop()
+    assert thread.join(1.0)
+    (first, _), (out, skipped) = got[0], got[1]
+    assert out.number == first.number + skipped + 1  # the first sample outside the band, at once
+    assert skipped >= 2 and out.since > first.started  # its load covers the interval since the sample before it (one
+    # skipped), not all since the last one handed over
+    assert [s.number for s, _ in got[1:]] == list(range(out.number, out.number + len(got) - 1))
+
+
+def test_a_band_made_from_an_older_sample_is_stale():
+    got: list[Sampled] = []
+
+    def deliver(sampled: Sampled) -> None:
+        got.append(sampled)
+        thread.steady = Band(sampled.number - 1)  # type: ignore[assignment]
+
+    thread = SamplingThread(StandIn(waiting=False), 0.05, 0.02, deliver)  # type: ignore[arg-type]
+    thread.start()
+    time.sleep(0.3)
+    thread.stop()
+    assert thread.join(1.0)
+    assert len(got) >= 4 and thread.skipped == 0
+    assert [s.number for s in got] == list(range(1, len(got) + 1))

@@ -374,6 +374,11 @@ class PresentSpeed:
             self._fresh = self._fresh or not own_work
         return self.speed
 
+    @property
+    def refreshing(self) -> bool:
+        """A refresh is due, running, or its reading not yet paired with a state."""
+        return self._refreshing or self._reading is not None
+
     def full_reading(self, refresh_on: bool) -> bool:
         """Whether the present speed has a full reading: a warm refresh's measurement paired with a state where
         the agent refreshes, else two states free of its own work (the first covers an interval that began

@@ -121,6 +121,17 @@ class RefreshPolicy:
             return True
         return now - self.last_refresh_at >= self.current_period_s
 
+    def next_due(self) -> float:
+        """When `due` turns true if the state stays as it is (-inf: it is already, or no refresh has run yet)."""
+        if self.last_refresh_at is None or self.change_pending():
+            return -math.inf
+        return max(self.next_allowed_at, self.last_refresh_at + self.current_period_s)
+
+    @property
+    def baseline(self) -> Marks | None:
+        """The marks of the last measurement's state: one that differs from them markedly is a change to measure."""
+        return self._baseline
+
     def refreshed(self, state: DeviceState, started_at: float, cpu_s: float) -> None:
         """Record a refresh that started at `started_at` (in `state`) and cost `cpu_s` of CPU."""
         periodic = self.last_refresh_at is not None and not self.change_pending()
