@@ -324,7 +324,7 @@ async def measured_apart(stream: bool = False,
     """One measurement (as `measure()`'s) in a process of its own, and the CPU seconds that process used, its start
     included. The process stays, idle, until the block ends. A process that fails, says nothing readable or
     overruns `timeout_s` (then killed) raises RuntimeError."""
-    import asyncio  # here: the refresh's own process, which runs main(), never loads it
+    import asyncio  # noqa: PLC0415 - here: the refresh's own process, which runs main(), never loads it
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "probes.refresh", *(["--stream"] if stream else []), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -61,7 +61,8 @@ def test_laptop_fixture_tree_the_band_ends_where_a_load_or_a_mark_moves(quiet):
     assert not steady.holds(with_cpu(quiet, others_busy_cores=2.0, load=0.5), 1.0)  # others' load: a change
     hot = dataclasses.replace(quiet, thermal=dataclasses.replace(quiet.thermal, throttling=True, cpu_throttling=True))
     assert not steady.holds(hot, 1.0)
-    replugged = dataclasses.replace(quiet, battery=dataclasses.replace(quiet.battery, plugged=not quiet.battery.plugged))
+    battery = quiet.battery
+    replugged = dataclasses.replace(quiet, battery=dataclasses.replace(battery, plugged=not battery.plugged))
     assert not steady.holds(replugged, 1.0)
     drained = dataclasses.replace(quiet, battery=dataclasses.replace(quiet.battery, percent=12.0))
     assert not steady.holds(drained, 1.0)  # the power policy reads the battery's level
