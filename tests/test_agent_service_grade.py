@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -31,6 +32,7 @@ from agent.mqtt_link import MqttLink
 from agent.notify import Notifier
 from agent.protocol import ModelSource, graph_in_request, parse_request, parse_request_compact, with_payload
 from agent.ratelimit import ClientBudgets, RateLimited
+from agent.ratelog import RateLimit
 from agent.registry import MonitorRegistry
 from agent.simulation.trees import laptop
 from agent.store import MonitorStore, atomic_write
@@ -608,3 +610,29 @@ def test_a_web_pages_monitor_has_a_lease_that_the_page_renews(browser, client_si
     web_agent.wait_log("lease renewed: 1 monitor(s); 0 unknown", timeout=40)  # every 20 s while the page runs
     assert monitors_on(web_agent) == ["leased-page"]
     browser.evaluate("context.close()")
+
+
+def test_a_burst_held_back_is_counted_when_its_window_ends_though_no_other_line_comes():
+    """An agent at rest may log nothing after a burst: the held-back count is said by the window's own timer."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Collect()
+    handler.addFilter(RateLimit(handler, burst=2, window_s=0.3))
+    log = logging.getLogger("daop-agent.test-ratelog")
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        for i in range(5):
+            log.warning("refused %d", i)
+        assert lines == ["refused 0", "refused 1"]
+        for _ in range(100):
+            if len(lines) > 2:
+                break
+            time.sleep(0.05)
+        assert lines[2:] == ["3 more line(s) like 'refused %d' in 0.3 s held back"]
+    finally:
+        log.removeHandler(handler)
