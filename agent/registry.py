@@ -33,7 +33,7 @@ from agent.topics import Outgoing, Topics
 from monitors.errors import BadInput
 from monitors.requirements import Requirement
 from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest, measured_share
-from monitors.table import MonitorRules, MonitorTable, initial_answer
+from monitors.table import Answer, MonitorRules, MonitorTable, initial_answer
 from monitors.warm import Learnt, reduce
 from probes.liveness import process_runs
 
@@ -79,9 +79,9 @@ class MonitorRegistry:
         # Storage faults are a state, not a crash: what could not be saved is retried on every tick, and the
         # messages that wait on it (a change is on disk before its event goes out) are held, in order.
         self._held: list[Outgoing] = []
-        # The last saved (seq, meets, workloads' answers) of each monitor whose newer answer is not saved yet:
-        # what it retains and lists until it is (seq never goes back for anyone, a restart included).
-        self._unsaved: dict[str, tuple[int, bool, list[bool] | None]] = {}
+        # Each monitor's answer as the seq file last took it: what it retains and lists while saving fails (seq
+        # never goes back for anyone, a restart included). The present answers are the table's.
+        self._on_disk: dict[str, Answer] = {}
         self._expires: dict[str, float] = {}  # a leased monitor -> when it is deleted unless renewed (monotonic)
         self.storage_error: str | None = None  # why the last save failed; None while saving works
         self.on_storage = on_storage
@@ -100,6 +100,7 @@ class MonitorRegistry:
             self._add(m)
             self._set_learnt(m.monitor, self._load_learnt(m))
         self.table.last_seq = max(self.table.last_seq, last_seq)
+        self._on_disk = self.table.answers()
         self.table.hold()  # they keep their stored answers until the agent's present speed has a full reading
         if monitors:
             log.info("loaded %d monitor(s) from %s", len(monitors), self.store.folder)
@@ -130,7 +131,7 @@ class MonitorRegistry:
 
     def _forget(self, monitor: str) -> None:
         self.records.pop(monitor, None)
-        self._unsaved.pop(monitor, None)
+        self._on_disk.pop(monitor, None)
         self._expires.pop(monitor, None)
         self.learnt.pop(monitor, None)
         self._taught.discard(monitor)
@@ -146,26 +147,23 @@ class MonitorRegistry:
         else:
             self._taught.discard(monitor)
 
-    def _state(self, rec: StoredMonitor) -> Outgoing:
+    def _state(self, rec: StoredMonitor, answer: Answer) -> Outgoing:
         if not rec.group:
-            return self.topics.state_message(rec.monitor, rec.meets, rec.seq, rec.workloads[0].requirement.to_json(),
-                                             owner=rec.owner)
-        answers = rec.member_meets or [rec.meets] * len(rec.workloads)
-        return self.topics.state_message(rec.monitor, rec.meets, rec.seq, {}, {
-            w.name: (w.requirement.to_json(), ok) for w, ok in zip(rec.workloads, answers, strict=True)},
+            return self.topics.state_message(rec.monitor, answer.meets, answer.seq,
+                                             rec.workloads[0].requirement.to_json(), owner=rec.owner)
+        return self.topics.state_message(rec.monitor, answer.meets, answer.seq, {}, {
+            w.name: (w.requirement.to_json(), ok) for w, ok in zip(rec.workloads, answer.members, strict=True)},
             owner=rec.owner)
 
-    def _saved(self, rec: StoredMonitor) -> StoredMonitor:
-        """The monitor as it was last saved: an answer the disk has not taken yet is neither retained nor listed."""
-        saved = self._unsaved.get(rec.monitor)
-        if saved is None:
-            return rec
-        seq, meets, member_meets = saved
-        return dataclasses.replace(rec, seq=seq, meets=meets, member_meets=member_meets)
+    def _saved(self) -> dict[str, Answer]:
+        """Every monitor's answer as saved: while saving fails, an answer the disk has not taken is neither retained
+        nor listed."""
+        return self.table.answers() if self.storage_error is None else {**self.table.answers(), **self._on_disk}
 
     def retained(self) -> list[Outgoing]:
         """Every monitor's retained state, as saved."""
-        return [self._state(self._saved(rec)) for rec in list(self.records.values())]
+        saved = self._saved()
+        return [self._state(rec, saved[rec.monitor]) for rec in list(self.records.values())]
 
     def last_events(self) -> list[Outgoing]:
         """Each monitor's last change event again, same seq: at least once, even across a SIGKILL.
@@ -174,18 +172,20 @@ class MonitorRegistry:
         (events queued in memory) would otherwise never send it. A subscriber that has it already sees a
         duplicate seq, as with any QoS 1 duplicate, and drops it.
         """
-        return [self.topics.event_message(rec.monitor, rec.meets, rec.seq, self._answers(rec), rec.owner)
-                for rec in self.records.values() if rec.seq > rec.created_seq >= 0]
+        answers = self.table.answers()
+        return [self.topics.event_message(rec.monitor, a.meets, a.seq, self._workloads(rec, a), rec.owner)
+                for rec in self.records.values() if (a := answers[rec.monitor]).seq > rec.created_seq >= 0]
 
-    def _answers(self, rec: StoredMonitor) -> dict[str, bool] | None:
+    def _workloads(self, rec: StoredMonitor, answer: Answer) -> dict[str, bool] | None:
+        """A group's workloads' answers by name (None: a lone workload's is the monitor's)."""
         if not rec.group:
             return None
-        answers = rec.member_meets or [rec.meets] * len(rec.workloads)
-        return {w.name: ok for w, ok in zip(rec.workloads, answers, strict=True)}
+        return {w.name: ok for w, ok in zip(rec.workloads, answer.members, strict=True)}
 
     def listing(self, owner: str) -> list[dict[str, Any]]:
         """The owner's monitors, and no one else's."""
-        return [json.loads(self._state(self._saved(r)).payload)
+        saved = self._saved()
+        return [json.loads(self._state(r, saved[r.monitor]).payload)
                 for r in sorted(self.records.values(), key=lambda r: r.monitor) if r.owner == owner]
 
     def check_room(self, monitor: str, owner: str = "") -> None:
@@ -237,7 +237,7 @@ class MonitorRegistry:
             meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
             rec = StoredMonitor(monitor, stored, self.table.next_seq(), meets, member_meets=list(member_meets),
                                 owner=owner, lease_s=lease_s)
-            previous = self.records.get(monitor)
+            previous = self._as_present(self.records[monitor]) if monitor in self.records else None
             previous_learnt = self.learnt.get(monitor)
             try:
                 await asyncio.to_thread(self.store.save_monitor, rec)
@@ -259,13 +259,13 @@ class MonitorRegistry:
                     pass  # the disk refuses everything: what is on it is what was there before
                 raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
             self._storage(None)
-            self._unsaved.clear()  # the seq file now holds every monitor's present answer
             try:
                 await asyncio.to_thread(self._delete_learnt, monitor)  # a new monitor learns afresh
             except OSError as exc:
                 log.warning("monitor %s: cannot remove what its predecessor learnt: %s", monitor, exc.strerror or exc)
-            self._release(self._state(rec))
-        return meets, self._answers(rec), previous is not None
+            answer = self.table.answer(monitor)
+            self._release(self._state(rec, answer))
+        return meets, self._workloads(rec, answer), previous is not None
 
     async def delete(self, monitor: str, owner: str = "") -> None:
         async with self._mutate:
@@ -330,7 +330,7 @@ class MonitorRegistry:
             before = rec.running
             rec.running = running if running.running else None
             try:
-                await asyncio.to_thread(self.store.save_monitor, rec)
+                await asyncio.to_thread(self.store.save_monitor, self._as_present(rec))
             except OSError as exc:
                 rec.running = before
                 self._storage(exc, f"monitor {monitor}")
@@ -413,20 +413,14 @@ class MonitorRegistry:
             self._learn(speeds, time.time())
             changes = self.table.evaluate(now, speeds, veto)
             if changes:
-                prior: dict[str, tuple[int, bool, list[bool] | None]] = {}
-                for c in changes:
-                    rec = self.records[c.monitor]
-                    prior[c.monitor] = (rec.seq, rec.meets, rec.member_meets)
-                    rec.seq, rec.meets = c.seq, c.meets
-                    rec.member_meets = list(c.members) if c.members is not None else None
                 messages: list[Outgoing] = []
                 for c in changes:
                     rec = self.records[c.monitor]
-                    messages += [self.topics.event_message(c.monitor, c.meets, c.seq, self._answers(rec), rec.owner),
-                                 self._state(rec)]
-                if not await self._commit(*messages):
-                    for monitor, saved in prior.items():
-                        self._unsaved.setdefault(monitor, saved)
+                    answer = Answer(c.seq, c.meets, c.members or (c.meets,))
+                    messages += [self.topics.event_message(c.monitor, c.meets, c.seq, self._workloads(rec, answer),
+                                                           rec.owner),
+                                 self._state(rec, answer)]
+                await self._commit(*messages)
                 log.debug("%d monitor(s) changed", len(changes))
             elif self.storage_error is not None:
                 await self._commit()  # retry what could not be saved
@@ -470,9 +464,17 @@ class MonitorRegistry:
     # -- files -------------------------------------------------------------------------------------------------------
 
     async def _save_seq(self) -> None:
-        """Every monitor's (seq, meets) to disk (OSError when the disk refuses)."""
-        members = {m: r.member_meets for m, r in self.records.items() if r.group and r.member_meets is not None}
-        await asyncio.to_thread(self.store.save_seq, self.table.last_seq, self.table.snapshot(), members)
+        """Every monitor's (seq, meets), and a group's workloads' answers, to disk (OSError when the disk refuses)."""
+        answers = self.table.answers()
+        members = {m: list(a.members) for m, a in answers.items() if self.records[m].group}
+        await asyncio.to_thread(self.store.save_seq, self.table.last_seq,
+                                {m: (a.seq, a.meets) for m, a in answers.items()}, members)
+        self._on_disk = answers
+
+    def _as_present(self, rec: StoredMonitor) -> StoredMonitor:
+        """The monitor with its present answer, as its file is written again."""
+        a = self.table.answer(rec.monitor)
+        return dataclasses.replace(rec, seq=a.seq, meets=a.meets, member_meets=list(a.members) if rec.group else None)
 
     async def _commit(self, *messages: Outgoing) -> bool:
         """The seq file saved, then `messages` (and any held before them) sent in order. When the disk refuses,
@@ -488,7 +490,6 @@ class MonitorRegistry:
             self._storage(exc, "the monitors' seq")
             return False
         self._storage(None)
-        self._unsaved.clear()
         self._release()
         return True
 

@@ -93,6 +93,7 @@ class Agent:
         self._sampler = sampler
         self._sampling: SamplingThread | None = None
         self._evaluating = 0  # the number of the sample the next evaluation prices (Sampled.number)
+        self._changes = 0  # the monitors' changes outside a tick so far (MonitorRegistry.on_change)
         self._measure = measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device
         self._veto: str | None = None
@@ -140,6 +141,7 @@ class Agent:
 
     def _unsteady(self) -> None:
         """The monitors changed: the next sample is evaluated, whatever the band says."""
+        self._changes += 1
         if self._sampling is not None:
             self._sampling.steady = None
 
@@ -367,9 +369,10 @@ class Agent:
         while True:
             await self._state_seen.wait()
             self._state_seen.clear()
-            number = self._evaluating
+            number, changes = self._evaluating, self._changes
             await self.registry.evaluate(time.monotonic(), self.speeds, self._veto is not None)
-            if self._sampling is not None and not self._state_seen.is_set():
+            # no band from an evaluation that a newer state or a change of the monitors overtook
+            if self._sampling is not None and not self._state_seen.is_set() and self._changes == changes:
                 self._sampling.steady = self._band(number)
 
     def _band(self, number: int) -> Steady | None:

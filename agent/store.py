@@ -140,6 +140,8 @@ class StoredWorkload:
 class StoredMonitor:
     monitor: str
     workloads: list[StoredWorkload]
+    # Its answer as its files hold it (the monitor file's, or the seq file's where newer), loaded into the monitor
+    # table, which holds the present one (agent/registry.py writes that into the file when it saves it again).
     seq: int
     meets: bool
     running: Running | None = None  # its app runs it here now

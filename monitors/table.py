@@ -74,6 +74,15 @@ class Member:
     stream_ms: float = 0.0  # what its CPU latency gains per unit of memory slowdown
 
 
+class Answer(NamedTuple):
+    """What a monitor answers now: meetsRequirement, the seq of its latest value, and each member's answer in
+    their order (a lone member's is the monitor's)."""
+
+    seq: int
+    meets: bool
+    members: tuple[bool, ...]
+
+
 class Change(NamedTuple):
     """One monitor whose answer changed on this tick; `seq` is its new sequence number; `members` its
     members' answers when it has more than one."""
@@ -250,10 +259,20 @@ class MonitorTable:
         self.last_seq += 1
         return self.last_seq
 
-    def snapshot(self) -> dict[str, tuple[int, bool]]:
-        """id -> (seq, meets) of every monitor, for persistence."""
-        n = self._n
-        return dict(zip(self._ids, zip(self._seq[:n].tolist(), self._meets[:n].tolist(), strict=True), strict=True))
+    def answers(self) -> dict[str, Answer]:
+        """Every monitor's present answer, its seq and its members' answers (one pass over the members)."""
+        n, k = self._n, self._k
+        if n == 0:
+            return {}
+        order = np.lexsort((self._pos[:k], self._of[:k]))  # by monitor, then by place
+        members = np.split(self._mmeets[:k][order], np.cumsum(np.bincount(self._of[:k], minlength=n))[:-1])
+        return {monitor: Answer(seq, meets, tuple(m.tolist())) for monitor, seq, meets, m in
+                zip(self._ids, self._seq[:n].tolist(), self._meets[:n].tolist(), members, strict=True)}
+
+    def answer(self, monitor: str) -> Answer:
+        """One monitor's present answer."""
+        i = self._index[monitor]
+        return Answer(int(self._seq[i]), bool(self._meets[i]), tuple(self._mmeets[self._rows(i)].tolist()))
 
     def set_base(self, monitor: str, bases: Sequence[float], streams: Sequence[float] | None = None) -> None:
         """Its members' calibrated latencies (and stream_ms) again (a calibration was redone)."""
