@@ -357,7 +357,7 @@ class MonitorRegistry:
         except ValueError as exc:
             raise BadInput(str(exc), "bad_report") from None
         self.learnt[monitor][rec.workloads.index(w)].add(learnt)
-        self._taught.add(monitor)
+        self._set_learnt(monitor, self.learnt[monitor])
         self._warm_dirty.add(monitor)
         self.on_change()
 

@@ -42,7 +42,7 @@ from agent.sampling import Sampled, SamplingThread
 from agent.topics import Outgoing, Topics, online
 from monitors.speed.present import PresentSpeed, Speed
 from monitors.speed.refresh_policy import REFRESH_BACKOFF, RefreshPolicy
-from monitors.steady import MAX_SKIPPED, Steady, band
+from monitors.steady import Steady, band
 from probes import refresh
 from probes.state import TICKS_PER_SAMPLE, DeviceState, Sampler
 
@@ -383,11 +383,10 @@ class Agent:
         if self._holding or self.registry.storage_error is not None or self.pool.busy or present.refreshing \
                 or present.priced is None or present.held:
             return None
-        now = time.monotonic()
-        until = min(now + (MAX_SKIPPED + 0.5) * self.cfg.sample_interval_s, self.registry.next_expiry())
-        return band(self.registry.table, present.priced, present.speed, number, now, until,
-                    threads=present.threads, measurement=present.measurement, current=present.measurement_current,
-                    policy=present.policy, veto=self._veto is not None)
+        return band(self.registry.table, present.priced, present.speed, number, time.monotonic(),
+                    self.cfg.sample_interval_s, self.registry.next_expiry(), threads=present.threads,
+                    measurement=present.measurement, current=present.measurement_current, policy=present.policy,
+                    veto=self._veto is not None)
 
     async def _watchdog_task(self) -> None:
         interval = watchdog_interval_s()

@@ -62,11 +62,13 @@ class Steady:
         return self.cpu[0] <= speed.cpu <= self.cpu[1] and self.available[0] <= available <= self.available[1]
 
 
-def band(table: MonitorTable, state: DeviceState, speed: Speed, number: int, now: float, until: float, *,
-         threads: int, measurement: Measurement | None, current: bool, policy: RefreshPolicy | None,
-         veto: bool) -> Steady | None:
-    """The band around `state` (priced at `speed`, evaluated as sample `number`) inside which no monitor's answer
-    moves, good until `until` at most; None where no band is safe (module docstring)."""
+def band(table: MonitorTable, state: DeviceState, speed: Speed, number: int, now: float, interval_s: float,
+         expiry: float, *, threads: int, measurement: Measurement | None, current: bool,
+         policy: RefreshPolicy | None, veto: bool) -> Steady | None:
+    """The band around `state` (priced at `speed`, evaluated as sample `number` at `now`, one every `interval_s`)
+    inside which no monitor's answer moves: good for MAX_SKIPPED samples, and until `expiry` (a lease's end) and
+    the next refresh at most; None where no band is safe (module docstring)."""
+    until = min(now + (MAX_SKIPPED + 0.5) * interval_s, expiry)
     if policy is not None:
         until = min(until, policy.next_due())
     if until <= now or not table.on_cpu_only() or not table.uniform_class() or table.would_change(speed, veto):

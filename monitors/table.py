@@ -358,7 +358,6 @@ class MonitorTable:
             changes.append(Change(self._ids[i], bool(meets[i]), seq, answers))
         return changes
 
-
     def would_change(self, speeds: Speed | Sequence[Speed], veto: bool = False) -> bool:
         """Whether any monitor's answer would move at these speeds, dwell and rate cap aside: a dry run of
         `evaluate` that changes nothing (monitors/steady.py asks it at the edges of a band of speeds)."""

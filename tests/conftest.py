@@ -17,6 +17,8 @@ from browser import browser, client_site
 from cluster import rabbit_cluster
 
 from agent import calibration_store
+from agent.simulation.trees import laptop
+from probes.state import DeviceState, Sampler
 
 # the fixtures every test module may use
 __all__ = ["browser", "client_site", "device", "device_proc", "mosquitto", "mosquitto_factory", "rabbit_cluster"]
@@ -54,6 +56,17 @@ def state_dir(calibrated_dir, tmp_path) -> Path:
     d = tmp_path / "state"
     shutil.copytree(calibrated_dir, d)
     return d
+
+
+@pytest.fixture
+def quiet_laptop(tmp_path) -> DeviceState:
+    """A quiet laptop fixture tree's state (its CPU sampled twice: load is a delta)."""
+    tree = laptop(tmp_path)
+    tree.set_stat(busy=1000, idle=9000)
+    sampler = Sampler(tree.sys, tree.proc)
+    sampler.sample()
+    tree.set_stat(busy=1000, idle=9100)
+    return sampler.sample()
 
 
 @pytest.fixture(scope="session")

@@ -8,25 +8,17 @@ import math
 
 import pytest
 
-from agent.simulation.trees import laptop
 from monitors.speed.present import speed_from_state
 from monitors.speed.refresh_policy import RefreshPolicy
 from monitors.steady import BAND, band
 from monitors.table import Member, MonitorTable
-from probes.state import Sampler
 
 THREADS = 2
 
 
 @pytest.fixture
-def quiet(tmp_path):
-    """A quiet laptop fixture tree's state (its CPU sampled twice: load is a delta)."""
-    tree = laptop(tmp_path)
-    tree.set_stat(busy=1000, idle=9000)
-    sampler = Sampler(tree.sys, tree.proc)
-    sampler.sample()
-    tree.set_stat(busy=1000, idle=9100)
-    return sampler.sample()
+def quiet(quiet_laptop):
+    return quiet_laptop
 
 
 def table_with(latency_ms: float, meets: bool = True, device: str = "cpu", memory: int = 0) -> MonitorTable:
@@ -38,8 +30,8 @@ def table_with(latency_ms: float, meets: bool = True, device: str = "cpu", memor
 
 def made(table: MonitorTable, state, policy: RefreshPolicy | None = None, until: float = 10.0, veto: bool = False):
     speed = speed_from_state(state, THREADS)
-    return band(table, state, speed, 7, 0.0, until, threads=THREADS, measurement=None, current=False,
-                policy=policy, veto=veto)
+    return band(table, state, speed, 7, 0.0, until, until, threads=THREADS, measurement=None, current=False,
+                policy=policy, veto=veto)  # a sample every `until` s: the band's own end, `until`, binds
 
 
 def with_cpu(state, **changes):

@@ -10,7 +10,6 @@ import dataclasses
 
 import pytest
 
-from agent.simulation.trees import laptop
 from monitors.speed.present import (
     AT_REST,
     Measurement,
@@ -21,18 +20,12 @@ from monitors.speed.present import (
     speed_from_state,
 )
 from monitors.speed.refresh_policy import RefreshPolicy
-from probes.state import Sampler
 
 
 @pytest.fixture
-def states(tmp_path):
+def states(quiet_laptop):
     """quiet, hot (throttling) and loaded (1 core by others) states of a laptop fixture tree."""
-    tree = laptop(tmp_path)
-    tree.set_stat(busy=1000, idle=9000)
-    sampler = Sampler(tree.sys, tree.proc)
-    sampler.sample()
-    tree.set_stat(busy=1000, idle=9100)
-    quiet = sampler.sample()
+    quiet = quiet_laptop
     hot = dataclasses.replace(quiet, thermal=dataclasses.replace(quiet.thermal, throttling=True, cpu_throttling=True))
     loaded = dataclasses.replace(quiet, cpu=dataclasses.replace(quiet.cpu, others_busy_cores=1.0, load=0.25))
     slightly = dataclasses.replace(quiet, cpu=dataclasses.replace(quiet.cpu, others_busy_cores=0.3, load=0.075))
