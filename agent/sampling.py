@@ -11,6 +11,7 @@ GIL (4 to 7 context switches a sample, against 2 here). The event loop sleeps un
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -21,6 +22,15 @@ from monitors.steady import Steady
 from probes.state import DeviceState, Sampler
 
 log = logging.getLogger("daop-agent")
+
+THREAD_NAME = "daop-sampler"  # as `top -H` and /proc/<pid>/task/<tid>/comm show it
+
+
+def name_thread(name: str) -> None:
+    """Gives the calling thread its name in the kernel too (Python 3.11 keeps it to itself)."""
+    with contextlib.suppress(OSError):
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name[:15])
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,7 @@ class SamplingThread:
         self.steady: Steady | None = None
         self.skipped = 0  # samples not handed over, inside a band
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
     def start(self) -> SamplingThread:
         self._thread.start()
@@ -66,6 +76,7 @@ class SamplingThread:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        name_thread(THREAD_NAME)
         number, delivered, since = 0, 0, time.monotonic()
         while not self._stop.is_set():
             started = time.monotonic()

@@ -52,6 +52,7 @@ MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at le
 STREAM_SHARE = 0.1  # a monitor whose streamed time is this share of its latency has the refresh read memory's speed
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
 STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
+REFRESH_GRAPHS_DIR = "refresh-graphs"  # in the state dir: the warm refresh's probe graphs (refresh.GraphCache)
 
 
 class Agent:
@@ -289,7 +290,7 @@ class Agent:
         """One refresh's measurement and its CPU seconds: in a process of its own, which stays until the block
         ends; or the stand-in `measure`, in a thread."""
         if self._measure is None:
-            async with refresh.measured_apart(stream) as measured:
+            async with refresh.measured_apart(stream, graphs=self.cfg.state_dir / REFRESH_GRAPHS_DIR) as measured:
                 yield measured
         else:
             result = await asyncio.to_thread(self._measure, stream)

@@ -11,7 +11,8 @@ the agent's process tree (the private Mosquitto left out; processes that
 come and go counted, and those that ended through their parent's children
 times) as a share of one core, its resident memory (RSS and PSS), and its
 wakeups (context switches of its threads) per second, with the threads that
-make the most of them (`agent/main` runs the event loop). The idle cost
+make the most of them and those that use the most CPU (`agent/main` runs the event loop,
+`agent/daop-sampler` samples). The idle cost
 includes the device sampling every sample interval, the monitors'
 re-evaluation on each sample and the periodic warm refresh. Last, one
 `estimate` request is timed (the first after the quiet period) and a second
@@ -69,30 +70,43 @@ def memory_mb(procs: list, pss: bool = False) -> float:
     return total / 2**20
 
 
-def switches(procs: list) -> dict[tuple[int, int], int]:
-    """Context switches so far of every thread of the processes, by (pid, tid): each one a wakeup."""
+def per_thread(procs: list) -> dict[tuple[int, int], tuple[int, int]]:
+    """Of every thread of the processes, by (pid, tid): its context switches so far (each one a wakeup) and its
+    nanoseconds on a CPU so far (schedstat)."""
     out = {}
     for p in procs:
         try:
             for tid in os.listdir(f"/proc/{p.pid}/task"):
                 with open(f"/proc/{p.pid}/task/{tid}/status") as f:
                     n = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
-                out[(p.pid, int(tid))] = n
+                with open(f"/proc/{p.pid}/task/{tid}/schedstat") as f:
+                    ns = int(f.read().split()[0])
+                out[(p.pid, int(tid))] = (n, ns)
         except OSError:  # a process or thread that just went away
             pass
     return out
 
 
-def new_switches(before: dict[tuple[int, int], int], after: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
-    """The switches of each thread between two readings; a thread born meanwhile counts whole, one gone loses its
-    last part."""
-    return {key: n - before.get(key, 0) for key, n in after.items()}
+def add_window(into: dict[tuple[int, int], list[int]], before: dict[tuple[int, int], tuple[int, int]],
+               after: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """Adds each thread's switches and CPU nanoseconds between two readings; a thread born meanwhile counts
+    whole, one gone loses its last part."""
+    for key, (n, ns) in after.items():
+        n0, ns0 = before.get(key, (0, 0))
+        total = into.setdefault(key, [0, 0])
+        total[0] += n - n0
+        total[1] += ns - ns0
 
 
 def thread_name(key: tuple[int, int], agent_pid: int) -> str:
-    """"agent/main" for the agent's event loop, else "<process>/<thread id>"."""
+    """"agent/main" for the agent's event loop, else "<process>/<thread's name>" ("agent/daop-sampler")."""
     pid, tid = key
-    return f"{'agent' if pid == agent_pid else pid}/{'main' if tid == pid else tid}"
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        comm = str(tid)
+    return f"{'agent' if pid == agent_pid else pid}/{'main' if tid == pid else comm}"
 
 
 async def time_estimates(port: int) -> tuple[float, float]:
@@ -144,28 +158,33 @@ def main() -> None:
             print(f"{args.monitors} monitors registered in {time.monotonic() - t0:.1f} s; settling {args.settle:g} s")
             time.sleep(args.settle)
             procs = agent_processes(agent.pid)
-            cpu0, wall0, switched = cpu_seconds(procs), time.monotonic(), switches(procs)
-            wakeups: dict[tuple[int, int], int] = {}  # by thread, over the window
+            cpu0, wall0, seen = cpu_seconds(procs), time.monotonic(), per_thread(procs)
+            threads: dict[tuple[int, int], list[int]] = {}  # by thread, over the window: switches, CPU ns
             peak = memory_mb(procs)
             while time.monotonic() - wall0 < args.seconds:
                 time.sleep(1.0)
                 procs = agent_processes(agent.pid)  # a process born meanwhile: all its CPU time is in the window
-                after = switches(procs)
-                for key, n in new_switches(switched, after).items():
-                    wakeups[key] = wakeups.get(key, 0) + n
-                switched = after
+                after = per_thread(procs)
+                add_window(threads, seen, after)
+                seen = after
                 peak = max(peak, memory_mb(procs))
             cpu = cpu_seconds(procs) - cpu0
             wall = time.monotonic() - wall0
-            busiest = sorted(wakeups, key=wakeups.__getitem__, reverse=True)[:4]
+            busiest = sorted(threads, key=lambda k: threads[k][0], reverse=True)[:4]
+            costliest = sorted(threads, key=lambda k: threads[k][1], reverse=True)[:4]
+            elsewhere = cpu - sum(ns for _, ns in threads.values()) / 1e9  # processes that came and went
 
             own = psutil.Process(agent.pid).memory_info().rss / 2**20
             print(f"idle with {args.monitors} monitors, sample interval {args.sample_interval:g} s, over {wall:.0f} s: "
-                  f"CPU {100 * cpu / wall:.2f} % of one core; {sum(wakeups.values()) / wall:.1f} wakeups/s (the most: "
-                  + ", ".join(f"{thread_name(key, agent.pid)} {wakeups[key] / wall:.1f}" for key in busiest) + "); "
+                  f"CPU {100 * cpu / wall:.2f} % of one core; "
+                  f"{sum(n for n, _ in threads.values()) / wall:.1f} wakeups/s (the most: "
+                  + ", ".join(f"{thread_name(key, agent.pid)} {threads[key][0] / wall:.1f}" for key in busiest) + "); "
                   f"memory {own:.0f} MB RSS (agent), {memory_mb(procs):.0f} MB RSS / "
                   f"{memory_mb(procs, pss=True):.0f} MB PSS "
                   f"(its {len(procs)} processes), peak {peak:.0f} MB RSS")
+            print("CPU in ms a second: " + ", ".join(
+                f"{thread_name(key, agent.pid)} {threads[key][1] / 1e6 / wall:.2f}" for key in costliest)
+                  + f"; processes that came and went (warm refreshes) {1e3 * max(0.0, elsewhere) / wall:.2f}")
             first, second = asyncio.run(time_estimates(port))
             print(f"estimate after the quiet period: {first:.2f} s; a second one right after: {second:.2f} s "
                   f"({len(agent_processes(agent.pid))} processes now)")

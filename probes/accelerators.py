@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 
 from probes.drm import DeviceUsage, DrmClients
 from probes.gpu import POWER_REASONS, REASON_HW_SLOWDOWN, THERMAL_REASONS, GpuState
-from probes.sysfs import KernelFiles, parse_int, take
+from probes.sysfs import STATIC_TTL_S, KernelFiles, parse_int, take
 from probes.thermal import parse_millidegrees
 
-STATIC_TTL_S = 60.0
 DRM = "class/drm"
 ACCEL = "class/accel"
 PCI_VENDORS = {"8086": "intel", "1002": "amd", "1022": "amd", "10de": "nvidia", "17cb": "qualcomm", "5143": "qualcomm",
@@ -217,7 +216,7 @@ class AcceleratorProbe:
 
     def _devices(self, cls: str, prefix: str, kind: str) -> list[_Device]:
         found = []
-        for node in self.sys.listdir(cls, prefix):
+        for node in self.sys.listdir(cls, prefix, STATIC_TTL_S):
             if not node[len(prefix):].isdigit():
                 continue  # card0-eDP-1 is a connector
             dev = self._identify(f"{cls}/{node}/device", node, kind)
@@ -242,7 +241,7 @@ class AcceleratorProbe:
 
     def _render_nodes(self) -> dict[str, str]:
         nodes = {}
-        for node in self.sys.listdir(DRM, "renderD"):
+        for node in self.sys.listdir(DRM, "renderD", STATIC_TTL_S):
             dev = self._identify(f"{DRM}/{node}/device", node, "gpu")
             if dev is not None:
                 nodes[node] = dev.key
@@ -320,7 +319,7 @@ class AcceleratorProbe:
         clocks = take(f.read(f"{base}/pp_dpm_sclk", parse_dpm_clocks), "clock_mhz", stale)
         if clocks is not None:
             r["clock_mhz"], r["clock_max_mhz"] = clocks
-        for hw in f.listdir(f"{base}/hwmon", "hwmon"):
+        for hw in f.listdir(f"{base}/hwmon", "hwmon", STATIC_TTL_S):
             hb = f"{base}/hwmon/{hw}"
             r["temp_c"] = take(f.read(f"{hb}/temp1_input", parse_millidegrees), "temp_c", stale)
             power = f.read(f"{hb}/power1_average", _parse_microwatts)
@@ -339,7 +338,7 @@ class AcceleratorProbe:
             return
         r["throttled"] = take(f.read(f"{where}/{status}", _parse_flag), "throttled", stale)
         reasons = []
-        for entry in f.listdir(where, prefix):
+        for entry in f.listdir(where, prefix, STATIC_TTL_S):
             if entry != status and f.read(f"{where}/{entry}", _parse_flag).value:
                 reasons.append(entry[len(prefix):])
         r["throttle_reasons"] = tuple(reasons) if r["throttled"] else ()

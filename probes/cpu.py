@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from probes.process_tree import ProcessTree
-from probes.sysfs import KernelFiles, parse_float, take
+from probes.sysfs import STATIC_TTL_S, KernelFiles, parse_float, take
 from probes.tree_cpu import TreeCpu, TreeUsage
 
-STATIC_TTL_S = 60.0
 _STAT_BYTES = 1 << 18  # /proc/stat on a large machine is longer than a page
 # Run-queue snapshots are taken between samples only while tasks wait for a CPU: PSI's `some` stall time over the
 # last interval at least this share of it (or PSI not seen moving, as a fixture's or a kernel without PSI).
@@ -310,7 +309,7 @@ class CpuProbe:
 
     def _clocks(self, stale: dict[str, float]) -> tuple[float | None, float | None, float | None]:
         curs, maxes, limits = [], [], []
-        for policy in self.sys.listdir(self.CPUFREQ, "policy"):
+        for policy in self.sys.listdir(self.CPUFREQ, "policy", STATIC_TTL_S):
             base = f"{self.CPUFREQ}/{policy}"
             top = self.sys.read(f"{base}/cpuinfo_max_freq", _parse_khz, STATIC_TTL_S).value
             cur = take(self.sys.read(f"{base}/scaling_cur_freq", _parse_khz), f"cpu.cur_mhz.{policy}", stale)

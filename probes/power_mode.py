@@ -15,9 +15,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from probes.sysfs import KernelFiles, parse_word, take
+from probes.sysfs import STATIC_TTL_S, KernelFiles, parse_word, take
 
-STATIC_TTL_S = 60.0
 GOVERNOR_TTL_S = 5.0
 SYSTEM_BUS_SOCKET = "/run/dbus/system_bus_socket"
 
@@ -152,7 +151,7 @@ class PowerModeProbe:
         if profile is not None and choices and profile not in choices:
             profile = None  # garbage: a profile the firmware does not offer
         answer = self.ppd.current() if self.ppd is not None else None
-        policy = next(iter(self.files.listdir(self.CPUFREQ, "policy")), None)
+        policy = next(iter(self.files.listdir(self.CPUFREQ, "policy", STATIC_TTL_S)), None)
         governor = epp = None
         if policy is not None:
             base = f"{self.CPUFREQ}/{policy}"

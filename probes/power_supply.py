@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from probes.sysfs import KernelFiles, parse_int, parse_word, take
+from probes.sysfs import STATIC_TTL_S, KernelFiles, parse_int, parse_word, take
 
-STATIC_TTL_S = 60.0
 # Types of power_supply that feed the device from outside.
 ADAPTER_TYPES = frozenset({"Mains", "USB", "USB_C", "USB_PD", "USB_PD_DRP", "USB_DCP", "USB_CDP", "USB_ACA", "BrickID",
                            "Wireless"})

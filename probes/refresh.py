@@ -52,14 +52,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import psutil
@@ -99,6 +101,8 @@ STREAM_MIN_BYTES, STREAM_MAX_BYTES = 16 * 2 ** 20, 96 * 2 ** 20
 STREAM_WIDTH = 4096  # the buffer is rows of this many float32, the weights of x[1, k] @ w[k, STREAM_WIDTH]
 APART_TIMEOUT_S = 30.0  # a refresh's own process: its start (onnxruntime, the sessions) and one measurement
 LEAVE_TIMEOUT_S = 5.0  # for it to end once let go
+# numpy's BLAS starts a thread per core on import (a sixth of the refresh process's CPU): the probes need none
+APART_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 CPU_S_KEY = "cpu_s"  # what the refresh's own process reports beside the measurement: its whole CPU
 
 
@@ -119,8 +123,8 @@ def _layer(kind: str, i: int, x: str, channels: int,
     return nodes, numpy_helper.from_array(w.astype(np.float32), f"w{i}")
 
 
-def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[bytes, dict[str, np.ndarray]]:
-    """A probe graph (serialized ONNX) and its input, built in memory: `layers` in a chain."""
+def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> bytes:
+    """A probe graph (serialized ONNX), built in memory: `layers` in a chain over CHANNELS x PIXELS x PIXELS."""
     import onnx  # noqa: PLC0415 - onnx only where the probes are built
     from onnx import TensorProto, helper  # noqa: PLC0415
 
@@ -139,33 +143,93 @@ def _build_model(layers: tuple[str, ...], channels: int, pixels: int) -> tuple[b
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
-    return model.SerializeToString(), {"x": rng.standard_normal(shape, dtype=np.float32)}
+    return model.SerializeToString()
 
 
-def compute_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+def _image(channels: int, pixels: int) -> dict[str, np.ndarray]:
+    """A probe's input: noise over channels x pixels x pixels."""
+    return {"x": np.random.default_rng(1).standard_normal((1, channels, pixels, pixels), dtype=np.float32)}
+
+
+def compute_graph() -> bytes:
     return _build_model(("conv",) * LAYERS, CHANNELS, PIXELS)
 
 
-def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+def handoff_graph() -> bytes:
     return _build_model(("depthwise", "pointwise") * HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS)
 
 
-def stream_probe(cache_bytes: int) -> tuple[bytes, dict[str, np.ndarray]]:
-    """y = x[1, k] @ w[k, STREAM_WIDTH], the weights an input (no prepacked copy) of about twice `cache_bytes`,
-    each row with a value of its own (not a page of zeros shared by the kernel)."""
+def stream_graph(rows: int) -> bytes:
+    """y = x[1, rows] @ w[rows, STREAM_WIDTH], the weights an input (no prepacked copy)."""
     from onnx import TensorProto, helper  # noqa: PLC0415 - onnx only where the probes are built
 
-    size = min(max(2 * cache_bytes, STREAM_MIN_BYTES), STREAM_MAX_BYTES)
-    rows = max(1, size // (4 * STREAM_WIDTH))
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "stream_probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows]),
                                helper.make_tensor_value_info("w", TensorProto.FLOAT, [rows, STREAM_WIDTH])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, STREAM_WIDTH])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
+    return model.SerializeToString()
+
+
+def stream_rows(cache_bytes: int) -> int:
+    """The stream probe's weights: about twice `cache_bytes`, within STREAM_MIN_BYTES..STREAM_MAX_BYTES."""
+    return max(1, min(max(2 * cache_bytes, STREAM_MIN_BYTES), STREAM_MAX_BYTES) // (4 * STREAM_WIDTH))
+
+
+def stream_inputs(rows: int) -> dict[str, np.ndarray]:
+    """The stream probe's input and weights, each row with a value of its own (not a page of zeros shared by the
+    kernel)."""
     weights = np.empty((rows, STREAM_WIDTH), np.float32)
     weights[:] = np.linspace(0.01, 0.02, rows, dtype=np.float32)[:, None]
-    return model.SerializeToString(), {"x": np.full((1, rows), 0.5, np.float32), "w": weights}
+    return {"x": np.full((1, rows), 0.5, np.float32), "w": weights}
+
+
+def compute_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+    return compute_graph(), _image(CHANNELS, PIXELS)
+
+
+def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+    return handoff_graph(), _image(HANDOFF_CHANNELS, HANDOFF_PIXELS)
+
+
+def stream_probe(cache_bytes: int) -> tuple[bytes, dict[str, np.ndarray]]:
+    rows = stream_rows(cache_bytes)
+    return stream_graph(rows), stream_inputs(rows)
+
+
+T = TypeVar("T")
+
+
+class GraphCache:
+    """The probes' serialized graphs, kept in `folder` between refreshes (None: built each time). A refresh's
+    process that finds them neither imports onnx nor builds them: a third of its CPU. A graph is kept under the
+    key of this module's source, so that a changed probe is built again; the graphs of other keys go."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder
+        self._key = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12] if folder is not None else ""
+
+    def load(self, name: str, build: Callable[[], bytes], use: Callable[[bytes], T]) -> T:
+        """`use` of the graph kept as `name`; of one built now where none is kept or the kept one fails in `use`
+        (a torn or foreign file), which is then kept in its place."""
+        if self.folder is None:
+            return use(build())
+        path = self.folder / f"{name}-{self._key}.onnx"
+        try:
+            return use(path.read_bytes())
+        except Exception:  # noqa: BLE001 - none kept, or not a graph onnxruntime takes: built again below
+            pass
+        blob = build()
+        used = use(blob)
+        with contextlib.suppress(OSError):  # a folder it cannot write: built again next time
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for old in self.folder.glob(f"{name}-*.onnx"):
+                old.unlink()
+            partial = path.with_suffix(f".{os.getpid()}.part")
+            partial.write_bytes(blob)
+            partial.replace(path)
+        return used
 
 
 def default_threads() -> int:
@@ -177,7 +241,7 @@ class WarmRefresh:
     """The cached probe sessions and their measurement."""
 
     def __init__(self, threads: int | None = None, cpu_budget_s: float = CPU_BUDGET_S,
-                 max_wall_s: float = MAX_WALL_S) -> None:
+                 max_wall_s: float = MAX_WALL_S, graphs: GraphCache | None = None) -> None:
         import onnxruntime as ort  # noqa: PLC0415 - ~0.1 s to import: only once the probe's sessions are made
 
         self.threads = threads or default_threads()
@@ -193,14 +257,13 @@ class WarmRefresh:
         options.add_session_config_entry("session.force_spinning_stop", "1")
         self._new_session = functools.partial(ort.InferenceSession, sess_options=options,
                                               providers=["CPUExecutionProvider"])
-        self._probes = [self._session(compute_probe()), self._session(handoff_probe())]
+        self._graphs = graphs or GraphCache()
+        self._probes = [(self._graphs.load("compute", compute_graph, self._new_session), _image(CHANNELS, PIXELS)),
+                        (self._graphs.load("handoff", handoff_graph, self._new_session),
+                         _image(HANDOFF_CHANNELS, HANDOFF_PIXELS))]
         self._stream: tuple[Any, dict[str, np.ndarray]] | None = None  # made on first use (stream_probe)
         self.last_cpu_s: float | None = None
         self.last_runs: int = 0
-
-    def _session(self, probe: tuple[bytes, dict[str, np.ndarray]]) -> tuple[Any, dict[str, np.ndarray]]:
-        blob, feeds = probe
-        return self._new_session(blob), feeds
 
     def measure(self, stream: bool = False) -> dict[str, float]:
         """Wall seconds per run of each probe (mean over the window; their runs alternate, so that all see the
@@ -211,7 +274,9 @@ class WarmRefresh:
             if not stream:
                 self._stream = None
             elif self._stream is None:
-                self._stream = self._session(stream_probe(last_level_cache_bytes()))
+                rows = stream_rows(last_level_cache_bytes())
+                self._stream = (self._graphs.load(f"stream{rows}", functools.partial(stream_graph, rows),
+                                                  self._new_session), stream_inputs(rows))
             if self._stream is not None:
                 probes.append(self._stream)
             cpu_start = time.process_time()  # the whole process: onnxruntime's threads included
@@ -319,15 +384,16 @@ def memory_slowdown(now: dict[str, float], reference: dict[str, float]) -> float
 
 
 @contextlib.asynccontextmanager
-async def measured_apart(stream: bool = False,
-                         timeout_s: float = APART_TIMEOUT_S) -> AsyncIterator[tuple[dict[str, float], float]]:
+async def measured_apart(stream: bool = False, timeout_s: float = APART_TIMEOUT_S,
+                         graphs: Path | None = None) -> AsyncIterator[tuple[dict[str, float], float]]:
     """One measurement (as `measure()`'s) in a process of its own, and the CPU seconds that process used, its start
-    included. The process stays, idle, until the block ends. A process that fails, says nothing readable or
-    overruns `timeout_s` (then killed) raises RuntimeError."""
+    included; the probes' graphs kept in the folder `graphs` (GraphCache). The process stays, idle, until the block
+    ends. A process that fails, says nothing readable or overruns `timeout_s` (then killed) raises RuntimeError."""
     import asyncio  # noqa: PLC0415 - here: the refresh's own process, which runs main(), never loads it
+    args = (*(["--stream"] if stream else []), *(["--graphs", str(graphs)] if graphs is not None else []))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "probes.refresh", *(["--stream"] if stream else []), stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "probes.refresh", *args, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **APART_ENV})
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         try:
@@ -358,9 +424,12 @@ async def measured_apart(stream: bool = False,
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.refresh [--stream]`: one measurement as a line of JSON on stdout, with this process's
-    whole CPU; then it waits, idle, until its stdin closes (the agent has sampled its threads once more)."""
-    reading = measure(stream="--stream" in (sys.argv[1:] if argv is None else argv))
+    """`python -m probes.refresh [--stream] [--graphs FOLDER]`: one measurement as a line of JSON on stdout, with
+    this process's whole CPU; then it waits, idle, until its stdin closes (the agent has sampled its threads once
+    more)."""
+    args = sys.argv[1:] if argv is None else argv
+    graphs = Path(args[args.index("--graphs") + 1]) if "--graphs" in args[:-1] else None
+    reading = WarmRefresh(graphs=GraphCache(graphs)).measure(stream="--stream" in args)
     reading[CPU_S_KEY] = time.process_time()
     print(json.dumps(reading), flush=True)
     sys.stdin.read()

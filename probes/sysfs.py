@@ -100,11 +100,15 @@ def parse_word(text: str) -> str | None:
     return text
 
 
+STATIC_TTL_S = 60.0  # what rarely changes (a zone's type, trip points, max clocks, the devices) is read this often
+
+
 class KernelFiles:
     """Reads files below `root` with last-good fallback and a per-path cache.
 
     `ttl_s` on a read lets attributes that rarely change (a zone's type, trip
-    points, max clocks) be read once a minute instead of every tick; a read
+    points, max clocks) be read once a minute (STATIC_TTL_S) instead of every
+    tick, and on a listing the devices themselves; a read
     that took longer than `slow_read_s` (some battery drivers ask the
     embedded controller) is not repeated for `slow_backoff_s`.
     """
@@ -124,6 +128,7 @@ class KernelFiles:
         self.slow_read_s = slow_read_s
         self.slow_backoff_s = slow_backoff_s
         self._cache: dict[str, tuple[Reading, float]] = {}
+        self._listings: dict[str, tuple[list[str], float]] = {}
         self._slow_until: dict[str, float] = {}
 
     def path(self, rel: str) -> str:
@@ -132,13 +137,21 @@ class KernelFiles:
     def exists(self, rel: str) -> bool:
         return os.path.exists(self.path(rel))
 
-    def listdir(self, rel: str, prefix: str = "") -> list[str]:
-        """Sorted entries of a directory starting with `prefix`; [] when it is missing or unreadable."""
-        try:
-            names = os.listdir(self.path(rel))
-        except OSError:
-            return []
-        return sorted((n for n in names if n.startswith(prefix)), key=_natural_key)
+    def listdir(self, rel: str, prefix: str = "", ttl_s: float = 0.0) -> list[str]:
+        """Sorted entries of a directory starting with `prefix`; [] when it is missing or unreadable. `ttl_s`: a
+        listing of hardware (thermal zones, cpufreq policies) is taken again only that often."""
+        now = self.clock()
+        cached = self._listings.get(rel) if ttl_s > 0 else None
+        if cached is not None and now - cached[1] < ttl_s:
+            names = cached[0]
+        else:
+            try:
+                names = sorted(os.listdir(self.path(rel)), key=_natural_key)
+            except OSError:
+                names = []
+            if ttl_s > 0:
+                self._listings[rel] = (names, now)
+        return [n for n in names if n.startswith(prefix)]
 
     def readlink(self, rel: str) -> str | None:
         """A symbolic link's target as written (`/dev/dri/renderD128`, `../../../0000:00:02.0`), or None."""

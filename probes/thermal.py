@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from probes.sysfs import KernelFiles, parse_int
+from probes.sysfs import STATIC_TTL_S, KernelFiles, parse_int
 from probes.sysfs import take as _note
-
-# Attributes that rarely change are re-read once a minute.
-STATIC_TTL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,12 +81,13 @@ class ThermalProbe:
 
     def sample(self) -> ThermalState:
         stale: dict[str, float] = {}
-        zones = [z for z in (self._zone(n, stale) for n in self.files.listdir(self.THERMAL, "thermal_zone")) if z]
+        names = self.files.listdir(self.THERMAL, "thermal_zone", STATIC_TTL_S)
+        zones = [z for z in (self._zone(n, stale) for n in names) if z]
         source: str | None = "thermal_zone" if zones else None
         if not zones:
             zones = self._hwmon(stale)
             source = "hwmon" if zones else None
-        cooling = [self._cooling(n, stale) for n in self.files.listdir(self.THERMAL, "cooling_device")]
+        cooling = [self._cooling(n, stale) for n in self.files.listdir(self.THERMAL, "cooling_device", STATIC_TTL_S)]
         count = self._throttle_count(stale)
         events = None
         if count is not None and self._last_count is not None:
@@ -121,7 +119,7 @@ class ThermalProbe:
         if mode == "disabled":
             return None
         trips: dict[str, float] = {}
-        for entry in self.files.listdir(base, "trip_point_"):
+        for entry in self.files.listdir(base, "trip_point_", STATIC_TTL_S):
             if not entry.endswith("_type"):
                 continue
             stem = entry[: -len("_type")]
@@ -151,10 +149,10 @@ class ThermalProbe:
 
     def _hwmon(self, stale: dict[str, float]) -> list[Zone]:
         zones = []
-        for hw in self.files.listdir(self.HWMON, "hwmon"):
+        for hw in self.files.listdir(self.HWMON, "hwmon", STATIC_TTL_S):
             base = f"{self.HWMON}/{hw}"
             chip = self.files.read_word(f"{base}/name", STATIC_TTL_S).value
-            for entry in self.files.listdir(base, "temp"):
+            for entry in self.files.listdir(base, "temp", STATIC_TTL_S):
                 if not entry.endswith("_input"):
                     continue
                 stem = entry[: -len("_input")]
@@ -173,7 +171,7 @@ class ThermalProbe:
         """Sum of x86 package throttle counters, one per physical package."""
         seen_packages: set[int] = set()
         total: int | None = None
-        for cpu in self.files.listdir(self.CPU, "cpu"):
+        for cpu in self.files.listdir(self.CPU, "cpu", STATIC_TTL_S):
             if not cpu[3:].isdigit():
                 continue
             counter = f"{self.CPU}/{cpu}/thermal_throttle/package_throttle_count"

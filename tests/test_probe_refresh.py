@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from onnx import TensorProto, helper
 
 from monitors.graphs.importer import load_graph
 from monitors.pricing.planner import plan
@@ -21,6 +22,7 @@ from probes.refresh import (
     STREAM_KEY,
     STREAM_MAX_BYTES,
     STREAM_MIN_BYTES,
+    GraphCache,
     WarmRefresh,
     compute_probe,
     handoff_ms_per_mb,
@@ -250,6 +252,59 @@ async def test_measured_apart_measures_in_a_process_of_its_own_which_stays_until
         assert any(_alive(p) for p in children), "the refresh's process is still there"
     assert not any(_alive(p) for p in children), "let go, it has ended"
     assert ("onnxruntime" in sys.modules) == loaded_before
+
+
+def test_the_graph_cache_builds_a_probe_once_and_again_when_its_key_changes_or_its_file_is_torn(tmp_path):
+    built: list[str] = []
+
+    def build() -> bytes:
+        built.append("compute")
+        return compute_probe()[0]
+
+    def use(blob: bytes) -> int:  # as onnxruntime's session: refuses what is not a graph
+        assert blob.startswith(compute_probe()[0][:8]), "not the graph"
+        return len(blob)
+
+    folder = tmp_path / "graphs"
+    size = GraphCache(folder).load("compute", build, use)
+    assert GraphCache(folder).load("compute", build, use) == size and built == ["compute"]
+    kept = next(folder.iterdir())
+    assert kept.name.startswith("compute-") and kept.read_bytes() == compute_probe()[0]
+
+    kept.write_bytes(b"torn")  # a file cut short, or another program's
+    assert GraphCache(folder).load("compute", build, use) == size and built == ["compute"] * 2
+    assert kept.read_bytes() == compute_probe()[0]  # built again, and kept in its place
+
+    changed = GraphCache(folder)
+    changed._key = "another"  # as after an upgrade that changed the probes
+    assert changed.load("compute", build, use) == size and built == ["compute"] * 3
+    assert [p.name for p in folder.iterdir()] == ["compute-another.onnx"]  # the old key's is gone
+
+
+def test_the_graph_cache_in_a_folder_it_cannot_write_still_gives_the_graph(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file, not a folder")
+    assert GraphCache(blocked / "graphs").load("handoff", lambda: b"graph", bytes.upper) == b"GRAPH"
+    assert GraphCache().load("handoff", lambda: b"graph", bytes.upper) == b"GRAPH"
+
+
+async def test_measured_apart_keeps_the_probes_graphs_in_its_folder_and_measures_from_them(tmp_path):
+    """The agent's refresh leaves the probes' graphs in its folder, and the next refresh's process measures from
+    them: a kept compute graph that takes another input than the probe's is what it runs, and fails on."""
+    folder = tmp_path / "graphs"
+    async with refresh.measured_apart(stream=True, graphs=folder) as (reading, _):
+        assert 0 < reading[LOCKSTEP_KEY] < 1.0
+    names = sorted(p.name.split("-")[0] for p in folder.iterdir())
+    assert names[:2] == ["compute", "handoff"] and names[2].startswith("stream") and len(names) == 3
+    other = helper.make_graph([helper.make_node("Relu", ["y"], ["z"])], "other",
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])])
+    model = helper.make_model(other, opset_imports=[helper.make_opsetid("", refresh.OPSET)])
+    model.ir_version = refresh.IR_VERSION
+    next(folder.glob("compute-*.onnx")).write_bytes(model.SerializeToString())
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        async with refresh.measured_apart(graphs=folder):
+            pass
 
 
 async def test_measured_apart_reports_a_failing_process(monkeypatch):

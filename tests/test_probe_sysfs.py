@@ -117,6 +117,24 @@ def test_fixture_tree_ttl_caches_static_attributes(tmp_path):
     assert files.read_word("type", ttl_s=60).value == "changed"
 
 
+def test_fixture_tree_ttl_caches_a_listing_of_devices_and_reads_their_values_each_time(tmp_path):
+    """A listing of hardware is taken once a minute (a zone that comes later is seen within it); what a device
+    says is read every time."""
+    clock = Clock()
+    (tmp_path / "thermal_zone0").mkdir()
+    (tmp_path / "thermal_zone0" / "temp").write_text("50000\n")
+    files = KernelFiles(tmp_path, clock=clock)
+    assert files.listdir(".", "thermal_zone", ttl_s=60) == ["thermal_zone0"]
+    (tmp_path / "thermal_zone1").mkdir()
+    (tmp_path / "thermal_zone0" / "temp").write_text("90000\n")
+    assert files.listdir(".", "thermal_zone", ttl_s=60) == ["thermal_zone0"]
+    assert files.listdir(".", "thermal_zone") == ["thermal_zone0", "thermal_zone1"]  # without a ttl: now
+    assert files.read_int("thermal_zone0/temp").value == 90000
+    clock.now += 61
+    assert files.listdir(".", "thermal_zone", ttl_s=60) == ["thermal_zone0", "thermal_zone1"]
+    assert files.listdir(".", "cooling", ttl_s=60) == []  # the same listing, another prefix
+
+
 def test_fixture_tree_listdir_natural_order_and_missing_dir(tmp_path):
     for i in (10, 2, 1):
         (tmp_path / f"thermal_zone{i}").mkdir()
