@@ -9,6 +9,7 @@ list, replace, delete, report on, say it runs, or read the answers of its monito
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,16 @@ def limited(state_dir: Path, mosquitto, device, tmp_path: Path):
 async def test_a_client_past_its_budget_is_told_when_to_retry_and_others_are_still_served(limited, mosquitto):
     estimate = {"onnx": SMALL, "transaction": "t"}
     async with client(mosquitto.port) as c:
+        started = time.monotonic()
         for _ in range(3):
             answer, _ = await request_v5(c, "dev1", "estimate", estimate, owner="prober")
             assert answer["status"] == "ok", answer
         answer, _ = await request_v5(c, "dev1", "meets", {**estimate, "requiredTier": "good"}, owner="prober")
         assert answer["status"] == "error" and answer["transaction"] == "t", answer
         assert answer["error"]["code"] == "rate_limited"
-        assert answer["error"]["retryAfterS"] in (9, 10), answer  # one request per 10 s
+        # one request per 10 s: the next token is 10 s after the burst less what has come back since (a loaded host
+        # takes seconds over the three estimates)
+        assert 10 - (time.monotonic() - started) <= answer["error"]["retryAfterS"] <= 10, answer
         # requests that tell nothing of the device's speed are not counted
         listed, _ = await request_v5(c, "dev1", "monitors/list", {}, owner="prober")
         assert listed == {"status": "ok", "data": {"monitors": []}}

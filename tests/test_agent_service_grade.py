@@ -539,6 +539,7 @@ def test_a_leased_monitor_is_deleted_once_its_lease_passes_unrenewed(tmp_path: P
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 async def test_monitors_of_a_python_client_that_stopped_are_deleted_after_their_lease(state_dir, mosquitto):
     """The README's example with Ctrl-C: the client goes without deleting; its monitor goes a lease later. A
     client that runs keeps renewing its own past two leases; one without a lease keeps its monitor."""
@@ -560,6 +561,7 @@ async def test_monitors_of_a_python_client_that_stopped_are_deleted_after_their_
         agent.stop()
 
 
+@pytest.mark.slow
 def test_large_graphs_leave_a_fresh_agent_process_near_where_it_started(calibrated_dir, tmp_path):
     """Two rounds of four 15 MB graphs at once (bench/attacks.py): the agent process's own RSS at rest comes back
     within attacks.REST_GROWTH_BOUND (before issue #27: 400 MB more after one round; while the refused requests'

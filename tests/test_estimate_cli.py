@@ -122,6 +122,7 @@ def test_gpu_without_cuda_provider_is_a_clear_error(state_dir):
     assert r.returncode == 2 and "no GPU" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_estimate_calibrates_first_when_there_is_no_calibration_and_says_so(tmp_path):
     r = daop("estimate", str(EXAMPLES / "mlp.json"), "--input", "features=1x256", "--json", "--at-rest",
              state_dir=tmp_path / "fresh", timeout=300)

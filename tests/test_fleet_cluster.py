@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from agent_harness import AgentProcess, client, next_message, write_config
 from models import mlp
 
@@ -62,6 +63,7 @@ async def create_monitor(port: int, device_id: str) -> None:
                 return
 
 
+@pytest.mark.slow
 async def test_agents_fail_over_and_a_persistent_backend_loses_no_event_when_a_node_dies(
         rabbit_cluster, tmp_path: Path, calibrated_dir: Path):
     n0, n1, n2 = rabbit_cluster.nodes

@@ -162,6 +162,7 @@ def test_reference_keeps_an_earlier_faster_refresh_and_skips_old_format_ones():
     assert Scripted(threads=1).reference([{LOCKSTEP_KEY: 4e-3}])[LOCKSTEP_KEY] == 2e-3
 
 
+@pytest.mark.slow
 def test_a_real_quick_calibration_reads_the_probe_in_its_pass_and_keeps_the_fastest(monkeypatch):
     """The reference describes the same quiet device as the tables: read in the pass too, not only after."""
 
