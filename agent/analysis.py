@@ -273,6 +273,7 @@ class AnalysisPool:
         self._starting = asyncio.Lock()  # one start of the workers at a time; the calls meanwhile wait for it
         self._spawning: concurrent.futures.ProcessPoolExecutor | None = None  # workers being started
         self._aside: concurrent.futures.ProcessPoolExecutor | None = None  # a calibration's own process
+        self._leaving: set[concurrent.futures.ProcessPoolExecutor] = set()  # workers finishing their calls
         self._ready = asyncio.Event()
         self._retire: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -380,6 +381,7 @@ class AnalysisPool:
             self._pool = None
         self._changing += 1
         self.work_marker += 1
+        self._leaving.add(pool)
 
         async def reaped() -> None:
             try:
@@ -388,6 +390,7 @@ class AnalysisPool:
                 await asyncio.to_thread(pool.shutdown, True)  # every process ended and reaped
                 log.info("estimator workers left")
             finally:
+                self._leaving.discard(pool)
                 self._changing -= 1
                 self._marked()
 
@@ -475,7 +478,9 @@ class AnalysisPool:
     def close(self) -> None:
         if self._retire is not None:
             self._retire.cancel()
-        for pool in (self._pool, self._spawning, self._aside):
+        # workers still finishing a call go too: else the agent's exit would wait for it (the thread that reaps
+        # them is joined at exit)
+        for pool in (self._pool, self._spawning, self._aside, *self._leaving):
             if pool is not None:
                 _kill(pool)
         self._pool = self._spawning = self._aside = None

@@ -26,10 +26,12 @@ __all__ = ["browser", "client_site", "device", "device_proc", "mosquitto", "mosq
 LIGHT_MODELS = Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first (marked `slow`: tens of seconds each), the rest in their order: the parallel workers then
-    end together, rather than three waiting on one that drew a slow test last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In parallel workers (pytest-xdist), the slow tests first (marked `slow`: tens of seconds each), the rest in
+    their order: the workers then end together, rather than three waiting on one that drew a slow test last. A run
+    in one process keeps the files' order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 @pytest.fixture(scope="session")
 def calibrated_dir(tmp_path_factory, worker_id: str) -> Path:

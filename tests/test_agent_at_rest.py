@@ -78,6 +78,28 @@ async def test_the_pool_starts_workers_for_a_call_and_they_leave_after_the_idle_
         pool.close()
 
 
+async def test_closing_the_pool_ends_workers_that_were_leaving_with_a_call_still_under_way(state_dir):
+    """Workers that leave once their calls are done (as after a full calibration) go at once when the agent
+    stops: its exit would otherwise wait for the call."""
+    pool = AnalysisPool(state_dir, workers=1, timeout_s=120.0, quick=True, idle_s=60.0)
+    try:
+        await pool.start()
+        await pool.analyse("onnx", mlp([64, 128, 10], batch=1).SerializeToString(), {}, Limits())
+        assert pool.alive == 1
+        workers = [psutil.Process(pid) for pid in pool._pool._processes]  # the executor names them only here
+        large = mlp([4] * 10_000, batch=1).SerializeToString()  # seconds of pricing
+        call = asyncio.get_running_loop().create_task(pool.analyse("onnx", large, {}, Limits()))
+        await wait_until(lambda: pool.busy, "the call did not start")
+        await asyncio.sleep(0.3)
+        pool._leave(pool._pool)  # as calibrate_in_full lets them go: the call under way finishes first
+    finally:
+        pool.close()
+    assert not call.done()
+    gone, alive = psutil.wait_procs(workers, timeout=1.0)
+    assert not alive, "a leaving worker outlived close() by a second"
+    call.cancel()
+
+
 async def estimate(port: int) -> dict:
     async with client(port) as c:
         answer, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL}, timeout=60)
