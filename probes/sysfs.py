@@ -146,12 +146,12 @@ class KernelFiles:
             names = cached[0]
         else:
             try:
-                names = sorted(os.listdir(self.path(rel)), key=_natural_key)
+                names = os.listdir(self.path(rel))
             except OSError:
                 names = []
             if ttl_s > 0:
                 self._listings[rel] = (names, now)
-        return [n for n in names if n.startswith(prefix)]
+        return sorted((n for n in names if n.startswith(prefix)), key=_natural_key)
 
     def readlink(self, rel: str) -> str | None:
         """A symbolic link's target as written (`/dev/dri/renderD128`, `../../../0000:00:02.0`), or None."""
