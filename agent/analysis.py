@@ -283,6 +283,7 @@ class AnalysisPool:
         self._in_flight = 0
         self._changing = 0  # worker processes starting or leaving now
         self.calibrating = False
+        self.error: str | None = None  # why the estimator cannot start (start); None while it can
         self.own_work_ended_at = -math.inf  # a calibration's end, or workers started or gone (reaped)
         self.work_marker = 0
 
@@ -301,8 +302,12 @@ class AnalysisPool:
 
     async def start(self) -> None:
         """Calibrate if needed, and learn what the agent's process needs of the estimator (EngineFacts). The
-        workers start with the first call."""
-        self.facts = await self._aside_call(engine_facts, self.state_dir, self.quick)
+        workers start with the first call. A failure is kept (`error`): every later call is answered with it."""
+        try:
+            self.facts = await self._aside_call(engine_facts, self.state_dir, self.quick)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            raise
         self._ready.set()
 
     async def calibrate_in_full(self) -> tuple[str, ...]:
@@ -415,6 +420,9 @@ class AnalysisPool:
         return self._ready.is_set()
 
     async def wait_ready(self, timeout_s: float) -> None:
+        """Until the estimator has started (BadInput after `timeout_s`; EngineError where it cannot start)."""
+        if self.error is not None:
+            raise EngineError(f"the estimator is unavailable: {self.error}")
         try:
             await asyncio.wait_for(self._ready.wait(), timeout_s)
         except TimeoutError:

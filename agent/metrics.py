@@ -9,6 +9,7 @@ callbacks, so a scrape never waits on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -18,7 +19,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
+from agent.analysis import AnalysisPool
+from agent.calibration_store import calibration_path
 from agent.config import MetricsSettings
+from agent.registry import MonitorRegistry
 from agent.topics import Outgoing
 from monitors.devices import DEVICES
 from probes.state import DeviceState
@@ -27,21 +31,22 @@ REQUEST_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 
 
 class Metrics:
-    """`monitors()`, `running()`: monitors held, and those whose app says it runs them here; `connected()`: the
-    broker link is up; `calibrating()`: a calibration is under way; `calibration_file(device)`: its path."""
+    """Read from the agent's own holders at each scrape: its monitors, its estimator, its broker link
+    (`connected`: set while it is up) and the calibrations in its state dir."""
 
-    def __init__(self, settings: MetricsSettings, *, monitors: Callable[[], int], running: Callable[[], int],
-                 connected: Callable[[], bool], calibrating: Callable[[], bool],
-                 calibration_file: Callable[[str], Path]) -> None:
+    def __init__(self, settings: MetricsSettings, monitors: MonitorRegistry, pool: AnalysisPool,
+                 connected: asyncio.Event, state_dir: Path) -> None:
         self.settings = settings
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
-        Gauge("daop_monitors", "Monitors the agent holds", registry=r).set_function(monitors)
+        Gauge("daop_monitors", "Monitors the agent holds", registry=r).set_function(monitors.__len__)
         Gauge("daop_monitors_running", "Monitors whose app says it runs their workloads here now",
-              registry=r).set_function(running)
+              registry=r).set_function(lambda: len(monitors.running_pids()))
         Gauge("daop_broker_connected", "1 while the agent is connected to its broker",
-              registry=r).set_function(lambda: float(connected()))
-        Gauge("daop_calibrating", "1 while a calibration runs", registry=r).set_function(lambda: float(calibrating()))
+              registry=r).set_function(lambda: float(connected.is_set()))
+        Gauge("daop_calibrating", "1 while a calibration runs",
+              registry=r).set_function(lambda: float(pool.calibrating))
+        calibration_file = functools.partial(calibration_path, state_dir)
         age = Gauge("daop_calibration_age_seconds", "Age of each device's calibration (NaN: none)", ["device"],
                     registry=r)
         # Whether a GPU was calibrated tells that the device has one: the CPU's alone unless device_state is on.

@@ -25,9 +25,10 @@ class PolicyGate:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._battery_low = False
+        self.vetoed: str | None = None  # the latest verdict (veto), what requests are answered under
 
     def veto(self, facts: PowerFacts) -> str | None:
-        """The reason local inference is vetoed now, or None."""
+        """The reason local inference is vetoed now, or None (kept as `vetoed`)."""
         p = self.policy
         reasons: list[str] = []
         if p.battery_floor_percent is not None:
@@ -43,4 +44,5 @@ class PolicyGate:
                 reasons.append(f"on battery at {pct:.0f}% (floor {p.battery_floor_percent:.0f}%)")
         if p.power_saver and facts.power_mode is not None and facts.power_mode in p.power_saver_profiles:
             reasons.append(f"power profile '{facts.power_mode}'")
-        return "; ".join(reasons) or None
+        self.vetoed = "; ".join(reasons) or None
+        return self.vetoed

@@ -32,8 +32,9 @@ from agent.store import MonitorStore, Running, StoredMonitor, StoredWorkload, at
 from agent.topics import Outgoing, Topics
 from monitors.errors import BadInput
 from monitors.requirements import Requirement
-from monitors.speed.present import PresentSpeed, Speed, expected_share, fastest, measured_share
+from monitors.speed.present import PresentSpeed, Speed
 from monitors.table import Answer, MonitorRules, MonitorTable, initial_answer
+from monitors.tick import Run, Taught, tick
 from monitors.warm import Learnt, reduce
 from probes.liveness import process_runs
 
@@ -338,12 +339,12 @@ class MonitorRegistry:
         self.on_change()
         await self.on_running(self.running_pids())
 
-    def report(self, monitor: str, workload: str | None, latencies_ms: Sequence[float], speeds: Sequence[Speed],
-               now: float, owner: str = "") -> None:
+    def report(self, monitor: str, workload: str | None, latencies_ms: Sequence[float], now: float,
+               owner: str = "") -> None:
         """Latencies the app measured running one of the monitor's workloads here, learnt against the agent's
-        estimate at its price class's speed (what it would answer now, before any correction)."""
+        estimate at the speed its class was last priced at (what it answers now, before any correction)."""
         rec = self.record(monitor, owner)
-        speed = speeds[self.table.speed_class(monitor)]
+        speed = self.table.speed_of(monitor)
         names = [w.name for w in rec.workloads]
         if workload is None and len(names) > 1:
             raise BadInput(f"monitor {monitor!r} is a group: say which workload, one of {', '.join(names)}",
@@ -367,51 +368,29 @@ class MonitorRegistry:
         """The processes of apps that run their monitors' workloads here now and said which (to be measured)."""
         return frozenset(r.running.pid for r in self.records.values() if r.running and r.running.pid)
 
-    def speeds(self, present: PresentSpeed) -> list[Speed]:
-        """The speeds the monitors are priced at this tick: [0] the device as everyone sees it; then one for each
-        monitor whose app runs it here now, its own run left out and the memory it holds free to it. Sets each
-        monitor's class in the table."""
-        general = present.speed
-        speeds = [general]
-        state = present.priced
-        cores = None if state is None else state.cpu.cores
-        classes: dict[str, int] = {}
-        for rec in self.records.values():
-            if rec.running is None:
-                continue
-            share = measured_share(state, rec.running.pid) if state is not None and rec.running.pid else None
-            if share is None:  # not measured (no pid, or not yet): what its rate and latency say it takes
-                rate = rec.running.rate_hz or sum(w.requirement.sustained_hz for w in rec.workloads)
-                latency = sum(fastest({w.device: w.base_ms[w.device]}, general)[0] for w in rec.workloads)
-                share = expected_share(rate, latency, present.threads, cores)
-            classes[rec.monitor] = len(speeds)
-            held = {d: sum(w.memory_bytes for w in rec.workloads if w.device == d) for d in ("cpu", "gpu")}
-            speeds.append(present.for_share(share).holding(held["cpu"], held["gpu"]))
-        self.table.set_speed_classes(classes)
-        return speeds
+    def runs(self) -> list[Run]:
+        """The apps' declared runs of their monitors' workloads here now."""
+        return [Run(rec.monitor, tuple(w.member() for w in rec.workloads), rec.running.pid or None,
+                    rec.running.rate_hz or 0.0)
+                for rec in self.records.values() if rec.running is not None]
 
-    def _learn(self, speeds: Sequence[Speed], now: float) -> None:
-        """Each taught monitor's corrections at the present speeds (learning fades as the state moves away)."""
-        for monitor in self._taught:
-            learnt, rec = self.learnt[monitor], self.records[monitor]
-            speed = speeds[self.table.speed_class(monitor)]
-            corrections = []
-            for w, x in zip(rec.workloads, learnt, strict=True):
-                estimate = w.present_ms(speed)
-                corrections.append(x.correction(estimate / w.base_ms[w.device], now))
-            self.table.set_corrections(monitor, corrections)
+    def taught(self) -> list[Taught]:
+        """What apps' reports taught their monitors (only those with reports)."""
+        return [Taught(m, tuple(w.member() for w in self.records[m].workloads), tuple(self.learnt[m]))
+                for m in self._taught]
 
-    def estimates_ms(self, speeds: Sequence[Speed]) -> dict[str, list[float]]:
-        """Each monitor's workloads' present latencies, as its monitor prices them (local only: figures)."""
-        latencies = self.table.latencies(speeds)
+    def estimates_ms(self) -> dict[str, list[float]]:
+        """Each monitor's workloads' present latencies, as its monitor prices them at the last tick's speeds
+        (local only: figures)."""
+        latencies = self.table.latencies(self.table.speeds)
         return {monitor: [round(float(latencies[j]), 3) for j in self.table.member_rows(monitor)]
                 for monitor in self.records}
 
-    async def evaluate(self, now: float, speeds: Sequence[Speed], veto: bool) -> int:
-        """One tick: the monitors whose answer changed are stored, then their events and states sent."""
+    async def evaluate(self, now: float, present: PresentSpeed, veto: bool) -> int:
+        """One tick (monitors/tick.py) at the present speed: the monitors whose answer changed are stored, then
+        their events and states sent."""
         async with self._mutate:
-            self._learn(speeds, time.time())
-            changes = self.table.evaluate(now, speeds, veto)
+            changes = tick(self.table, present, self.runs(), self.taught(), now, time.time(), veto)
             if changes:
                 messages: list[Outgoing] = []
                 for c in changes:

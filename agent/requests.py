@@ -26,6 +26,7 @@ import aiomqtt
 from agent import heap
 from agent.analysis import Analysis, AnalysisPool, EngineError
 from agent.config import Config
+from agent.policy import PolicyGate
 from agent.protocol import (
     METHODS,
     Request,
@@ -59,12 +60,10 @@ Answer = Callable[[str, bytes, Any], Awaitable[None]]  # (topic, payload, correl
 
 
 class RequestHandler:
-    """`veto()`: the policy's reason nothing runs locally now, or None; `engine_error()`: why the estimator
-    cannot start, or None; `speeds()`: the speeds the monitors are priced at now (MonitorRegistry.speeds)."""
+    """Answers a device's requests: priced at the present speed, under the policy's latest verdict."""
 
     def __init__(self, cfg: Config, topics: Topics, registry: MonitorRegistry, pool: AnalysisPool,
-                 speed: PresentSpeed, answer: Answer, veto: Callable[[], str | None],
-                 engine_error: Callable[[], str | None], speeds: Callable[[], list[Speed]],
+                 speed: PresentSpeed, policy: PolicyGate, answer: Answer,
                  observe: Callable[[str, str, float], None] | None = None) -> None:
         """`observe`: told each request's method, outcome ("ok" or the error code) and seconds (the metrics)."""
         self.cfg = cfg
@@ -72,10 +71,8 @@ class RequestHandler:
         self.registry = registry
         self.pool = pool
         self.speed = speed
+        self.policy = policy
         self._answer = answer
-        self._veto = veto
-        self._engine_error = engine_error
-        self._speeds = speeds
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending_bytes = 0  # payload bytes of the requests in hand
@@ -164,9 +161,6 @@ class RequestHandler:
         and memory a multiple of its size), where the worker's memory ceiling and time limit bound it."""
         if len(payload) <= OFFLOOP_PARSE_BYTES or method not in METHODS:
             return parse_request(method, payload, self.cfg.limits.max_request_bytes)
-        engine_error = self._engine_error()
-        if engine_error is not None:
-            raise EngineError(f"the estimator is unavailable: {engine_error}")
         await self.pool.wait_ready(CALIBRATION_WAIT_S)
         request: Request = await self.pool.parse(parse_request_compact, method, payload,
                                                  self.cfg.limits.max_request_bytes)
@@ -193,9 +187,6 @@ class RequestHandler:
 
     async def _analyses(self, request: Request) -> list[Analysis]:
         """Each workload's graph imported and priced in the workers, together."""
-        engine_error = self._engine_error()
-        if engine_error is not None:
-            raise EngineError(f"the estimator is unavailable: {engine_error}")
         await self.pool.wait_ready(CALIBRATION_WAIT_S)
         analyses = list(await asyncio.gather(*(
             self.pool.analyse(w.model.fmt, w.model.source, w.inputs, self.cfg.limits.graph, w.generation)
@@ -261,8 +252,7 @@ class RequestHandler:
             return {"monitor": request.monitor, "running": request.running.running}
         if method == "monitors/report":
             assert request.monitor is not None
-            self.registry.report(request.monitor, request.workload, request.latencies_ms, self._speeds(), time.time(),
-                                 owner)
+            self.registry.report(request.monitor, request.workload, request.latencies_ms, time.time(), owner)
             return {}
         raise BadInput(f"unknown method {method!r}", "unknown_method")
 
@@ -286,7 +276,7 @@ class RequestHandler:
             latency, device = a.present(speed)
             members.append(Member(a.base_ms[device], device, w.requirement.deadline_ms, w.requirement.sustained_hz))
             latencies.append(warp.shown_ms(latency))
-        meets, member_meets = initial_answer(latencies, members, self._veto() is not None)
+        meets, member_meets = initial_answer(latencies, members, self.policy.vetoed is not None)
         out: dict[str, Any] = {"meetsRequirement": meets}
         if request.group:
             out["workloads"] = {w.name: ok for w, ok in zip(request.workloads, member_meets, strict=True)}
@@ -302,7 +292,7 @@ class RequestHandler:
             assert w.requirement is not None
             workloads.append((w.name, w.requirement, a))
         speed, warp = self._priced(owner)
-        meets, answers, replaced = await self.registry.create(monitor, workloads, speed, self._veto() is not None,
+        meets, answers, replaced = await self.registry.create(monitor, workloads, speed, self.policy.vetoed is not None,
                                                               owner, warp.shown_ms, request.lease_s)
         log.info("monitor %s created (%s)%s", monitor,
                  ", ".join(f"{w.name + ': ' if w.name else ''}{w.requirement.describe()}" for w in request.workloads

@@ -6,7 +6,9 @@ is not handed over, and the event loop sleeps on. The first one outside it is ha
 A thread because probes may block (NVML, a battery's embedded controller); its own, on its own timer, because a
 job handed to the loop's executor each interval woke three threads that then contended with the loop for the
 GIL (4 to 7 context switches a sample, against 2 here). The event loop sleeps until a sample is ready. At rest
-(no task waiting for a CPU, Sampler.wants_ticks) the thread sleeps from one sample to the next.
+(no task waiting for a CPU, Sampler.wants_ticks) the thread sleeps from one sample to the next, or until the
+device says something changed (`Sampler.changed`: power-profiles-daemon's signals, the kernel's power-supply and
+thermal uevents), which is sampled at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from probes.state import DeviceState, Sampler
 log = logging.getLogger("daop-agent")
 
 THREAD_NAME = "daop-sampler"  # as `top -H` and /proc/<pid>/task/<tid>/comm show it
+PUSHED_GAP_S = 0.1  # a burst of the device's own change signals is sampled at most this often
 
 
 def name_thread(name: str) -> None:
@@ -69,6 +72,7 @@ class SamplingThread:
     def stop(self) -> None:
         """Ends the thread at its next wait (not waited for: a probe may be blocked)."""
         self._stop.set()
+        self.sampler.changed.set()  # wakes its wait
 
     def join(self, timeout_s: float) -> bool:
         """Whether the thread has ended within `timeout_s`."""
@@ -97,9 +101,12 @@ class SamplingThread:
                     self.deliver(sampled)
                 except RuntimeError:  # the loop is closed: the agent has stopped
                     return
-            ticks = self.sampler.wants_ticks()
+            ticks, changed = self.sampler.wants_ticks(), self.sampler.changed
             while (left := started + self.interval_s - time.monotonic()) > 0:
-                if self._stop.wait(min(self.tick_s, left) if ticks else left):
-                    return
+                if changed.wait(min(self.tick_s, left) if ticks else left):
+                    changed.clear()  # the device says something changed (or a stop): sample now
+                    if (early := started + PUSHED_GAP_S - time.monotonic()) > 0 and not self._stop.is_set():
+                        time.sleep(early)
+                    break
                 if ticks:
                     self.sampler.tick()

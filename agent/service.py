@@ -6,8 +6,9 @@ One asyncio TaskGroup holds them:
   NVML or a battery read may block), turned into the present speed (monitors/speed/present.py);
 - warm refresh: a few micro-benchmarks when the present speed says one is due, in a process of its own
   (onnxruntime never stays in the agent's memory);
-- evaluation: every monitor re-evaluated on each new state (vectorised, agent/registry.py), except the states
-  inside the band the last evaluation left, where no answer can move (monitors/steady.py);
+- evaluation: one tick of every monitor on each new state (monitors/tick.py: each workload class's speed, then
+  every answer, vectorised), stored and sent by the registry (agent/registry.py), except the states inside the
+  band the last evaluation left, where no answer can move (monitors/steady.py);
 - the estimator: calibration the first time (in a process of its own), then graph import and pricing in
   worker processes with a time limit, started by a request and gone after a quiet period (agent/analysis.py);
 - MQTT (agent/mqtt_link.py), with requests handled by agent/requests.py;
@@ -27,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiomqtt
 
-from agent import calibration_store, heap
+from agent import heap
 from agent.analysis import AnalysisPool
 from agent.cli import version
 from agent.config import Config
@@ -40,7 +41,7 @@ from agent.registry import MonitorRegistry
 from agent.requests import RequestHandler
 from agent.sampling import Sampled, SamplingThread
 from agent.topics import Outgoing, Topics, online
-from monitors.speed.present import PresentSpeed, Speed
+from monitors.speed.present import PresentSpeed
 from monitors.speed.refresh_policy import REFRESH_BACKOFF, RefreshPolicy
 from monitors.steady import Steady, band
 from probes import refresh
@@ -73,23 +74,19 @@ class Agent:
         self.speed = PresentSpeed(refresh.default_threads())  # onnxruntime's intra-op threads
         self.homeassistant = HomeAssistant(cfg.homeassistant, cfg.device_id, self.topics, version()) \
             if cfg.homeassistant.enabled else None
-        self.link = MqttLink(cfg.brokers, cfg.client_id, self.topics, self.notifier, retained=self._retained,
-                             on_request=self._on_request, monitors=lambda: len(self.registry),
-                             subscriptions=(self.topics.owner_requests,
-                                            *((cfg.homeassistant.status_topic,) if self.homeassistant else ())),
-                             on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
         self.registry = MonitorRegistry(cfg.state_dir, cfg.rules, cfg.limits.max_monitors, self.topics,
                                         self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner,
                                         on_storage=self._storage_changed, on_running=self._track,
                                         on_change=self._unsteady)
-        self.metrics = Metrics(cfg.metrics, monitors=lambda: len(self.registry),
-                               running=lambda: len(self.registry.running_pids()),
-                               connected=self.link.connected.is_set, calibrating=lambda: self.pool.calibrating,
-                               calibration_file=lambda d: calibration_store.calibration_path(cfg.state_dir, d)) \
+        self.link = MqttLink(cfg.brokers, cfg.client_id, self.topics, self.notifier, retained=self._retained,
+                             on_request=self._on_request, monitors=self.registry.__len__,
+                             subscriptions=(self.topics.owner_requests,
+                                            *((cfg.homeassistant.status_topic,) if self.homeassistant else ())),
+                             on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
+        self.metrics = Metrics(cfg.metrics, self.registry, self.pool, self.link.connected, cfg.state_dir) \
             if cfg.metrics.port else None
-        self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.link.answer,
-                                       veto=lambda: self._veto, engine_error=lambda: self.engine_error,
-                                       speeds=lambda: self.speeds,
+        self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.policy,
+                                       self.link.answer,
                                        observe=self.metrics.answered if self.metrics is not None else None)
         self._sampler = sampler
         self._sampling: SamplingThread | None = None
@@ -97,14 +94,11 @@ class Agent:
         self._changes = 0  # the monitors' changes outside a tick so far (MonitorRegistry.on_change)
         self._measure = measure
         self._reference: dict[str, float] = {}  # the calibration's reading of the quiet device
-        self._veto: str | None = None
-        self.speeds: list[Speed] = [self.speed.speed]  # what the monitors are priced at now (MonitorRegistry.speeds)
         self._state_seen = asyncio.Event()
         self._sampled = asyncio.Event()  # set at each sample handled (a refresh's process waits for one)
         self._refresh_due = asyncio.Event()
         self._reasons: tuple[str, ...] = ()
         self._stop = asyncio.Event()
-        self.engine_error: str | None = None
         self._refresh_on: bool | None = None  # whether warm refresh runs (None: not known yet)
         self._holding = True  # the stored monitors keep their answers (MonitorTable.hold) until a full reading
         self._started_at = time.monotonic()
@@ -213,10 +207,9 @@ class Agent:
     async def _engine_task(self) -> None:
         try:
             await self.pool.start()
-        except Exception as exc:  # noqa: BLE001 - keep serving monitors, answer requests with an error
-            self.engine_error = f"{type(exc).__name__}: {exc}"
-            log.error("the estimator cannot start: %s", self.engine_error)
-            self.notifier.status(f"estimator unavailable: {self.engine_error}")
+        except Exception:  # noqa: BLE001 - keep serving monitors, answer requests with an error (pool.error)
+            log.error("the estimator cannot start: %s", self.pool.error)
+            self.notifier.status(f"estimator unavailable: {self.pool.error}")
             return
         log.info("estimator ready (devices: %s)", ", ".join(self.pool.devices))
         self._start_refresh()
@@ -311,8 +304,11 @@ class Agent:
             newest[:] = [sampled]
             ready.set()
 
+        def hand_over(sampled: Sampled) -> None:  # in the sampler's thread
+            loop.call_soon_threadsafe(arrived, sampled)
+
         thread = self._sampling = SamplingThread(sampler, self.cfg.sample_interval_s, self._tick_s,
-                                                 lambda sampled: loop.call_soon_threadsafe(arrived, sampled)).start()
+                                                 hand_over).start()
         try:
             await self._on_samples(sampler, ready, newest)
         finally:
@@ -338,14 +334,13 @@ class Agent:
             await self.registry.end_gone_runs()
             await self.registry.expire(time.monotonic())
             sampler.track(self.registry.running_pids())
-            self.speeds = self.registry.speeds(self.speed)
             if self.speed.start_refresh(started, own_work or self.pool.busy):
                 self._refresh_due.set()
-            self._veto = self.policy.veto(power_facts(state))
+            veto = self.policy.veto(power_facts(state))
             self._release_hold(started)
-            if self._veto != veto_logged:
-                log.info("policy: %s", f"nothing runs locally ({self._veto})" if self._veto else "lifted")
-                veto_logged = self._veto
+            if veto != veto_logged:
+                log.info("policy: %s", f"nothing runs locally ({veto})" if veto else "lifted")
+                veto_logged = veto
             if speed.reasons != self._reasons:
                 self._reasons = speed.reasons
                 log.debug("speed cpu %.2fx gpu %s: %s", speed.cpu, speed.gpu, "; ".join(speed.reasons) or "quiet")
@@ -360,7 +355,7 @@ class Agent:
         if not self._holding:
             return
         full = self._refresh_on is not None and self.speed.full_reading(self._refresh_on)
-        if full or self._veto is not None or self.engine_error is not None or \
+        if full or self.policy.vetoed is not None or self.pool.error is not None or \
                 now - self._started_at >= STARTUP_HOLD_MAX_S:
             self._holding = False
             self.registry.table.release()
@@ -371,7 +366,7 @@ class Agent:
             await self._state_seen.wait()
             self._state_seen.clear()
             number, changes = self._evaluating, self._changes
-            await self.registry.evaluate(time.monotonic(), self.speeds, self._veto is not None)
+            await self.registry.evaluate(time.monotonic(), self.speed, self.policy.vetoed is not None)
             # no band from an evaluation that a newer state or a change of the monitors overtook
             if self._sampling is not None and not self._state_seen.is_set() and self._changes == changes:
                 self._sampling.steady = self._band(number)
@@ -387,7 +382,7 @@ class Agent:
         return band(self.registry.table, present.priced, present.speed, number, time.monotonic(),
                     self.cfg.sample_interval_s, self.registry.next_expiry(), threads=present.threads,
                     measurement=present.measurement, current=present.measurement_current, policy=present.policy,
-                    veto=self._veto is not None)
+                    veto=self.policy.vetoed is not None)
 
     async def _watchdog_task(self) -> None:
         interval = watchdog_interval_s()

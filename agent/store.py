@@ -35,8 +35,9 @@ from monitors.errors import BadInput
 from monitors.pricing.generation import plan_from_json
 from monitors.pricing.tiers import TIER_NAMES
 from monitors.requirements import Requirement
-from monitors.speed.present import Speed, fastest
+from monitors.speed.present import Speed
 from monitors.table import Member
+from monitors.tick import present_ms
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,7 @@ class StoredWorkload:
 
     def present_ms(self, speed: Speed) -> float:
         """Its latency on its device at `speed` (inf where it does not fit in memory now)."""
-        return fastest({self.device: self.base_ms[self.device]}, speed, self.memory_bytes, self.written_mb,
-                       self.stream_ms)[0]
+        return present_ms(self.member(), speed)
 
     def member(self) -> Member:
         """As the monitor table prices it: the deadline as its owner's view puts it (latency * view < deadline)."""

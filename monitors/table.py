@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from monitors.devices import DEVICE_INDEX
-from monitors.speed.present import Speed, latencies_ms
+from monitors.speed.present import AT_REST, Speed, latencies_ms
 
 RATE_WINDOW_S = 60.0
 UTILISATION_BOUND = 0.9  # the share of the device a group may keep busy, room left for the unexpected
@@ -107,7 +107,7 @@ class MonitorTable:
     _last_change: npt.NDArray[np.float64]
     _events: npt.NDArray[np.float64]  # (monitor, max_events_per_minute): times of its latest changes, a ring
     _ring: npt.NDArray[np.int64]  # the ring's next slot
-    _class: npt.NDArray[np.int64]  # the speed it is priced at (evaluate's `speeds`)
+    _class: npt.NDArray[np.int64]  # the class of speed it is priced at (evaluate's `speeds`, set_classes)
     # Per member (_MEMBER_ARRAYS), sized by _alloc_members.
     _of: npt.NDArray[np.int64]  # its monitor's row
     _pos: npt.NDArray[np.int64]  # its place among its monitor's members
@@ -128,6 +128,7 @@ class MonitorTable:
         self._ids: list[str] = []
         self._index: dict[str, int] = {}
         self.last_seq = 0  # one counter for all monitors: a monitor's seq never goes back, even re-created
+        self.speeds: list[Speed] = [AT_REST]  # each class's speed, as the last tick priced it (set_classes)
         self._alloc_monitors(max(1, capacity))
         self._alloc_members(max(1, capacity))
 
@@ -292,12 +293,14 @@ class MonitorTable:
         """Its members' learnt log-corrections (monitors/warm.py)."""
         self._corr[self._rows(self._index[monitor])] = log_corrections
 
-    def speed_class(self, monitor: str) -> int:
-        return int(self._class[self._index[monitor]])
+    def speed_of(self, monitor: str) -> Speed:
+        """The speed the monitor was last priced at (its class's, as `set_classes` last said)."""
+        return self.speeds[int(self._class[self._index[monitor]])]
 
-    def set_speed_classes(self, classes: dict[str, int]) -> None:
-        """Every monitor's speed class, the speed it is priced at (evaluate's `speeds[c]`): those in `classes` as
+    def set_classes(self, speeds: Sequence[Speed], classes: dict[str, int]) -> None:
+        """The speed of each class (`speeds[c]`, evaluate's) and every monitor's class: those in `classes` as
         given, the others 0 (the device as everyone sees it)."""
+        self.speeds = list(speeds)
         self._class[:self._n] = 0
         for monitor, speed_class in classes.items():
             self._class[self._index[monitor]] = speed_class
@@ -310,7 +313,7 @@ class MonitorTable:
         A member that does not fit in its device's free memory cannot run there now: infinite. On the CPU,
         only while its monitor is not met: once met, its own app may be what holds that memory (an LLM's
         weights and KV cache), and its own success must not turn it false. (An app that says it runs its
-        workload gets its memory back in its own speed: MonitorRegistry.speeds.)"""
+        workload gets its memory back in its own speed: monitors/tick.py.)"""
         speeds = (speeds,) if isinstance(speeds, Speed) else speeds
         k = self._k
         lat = np.empty(k)

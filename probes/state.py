@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -20,12 +21,14 @@ from probes.cpu import CpuProbe, CpuState
 from probes.drm import DrmClients
 from probes.gpu import GpuProbe, GpuState, Nvml
 from probes.memory import MemoryProbe, MemoryState
-from probes.power_mode import PowerModeProbe, PowerModeState, PpdWatcher
+from probes.power_mode import PowerModeProbe, PowerModeState
+from probes.power_profiles import PowerProfiles
 from probes.power_supply import PowerSupplyProbe, PowerSupplyState
 from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
 from probes.thermal import ThermalProbe, ThermalState
 from probes.tree_cpu import TreeCpu
+from probes.uevents import Uevents
 
 TICKS_PER_SAMPLE = 10  # run-queue snapshots (Sampler.tick) per sample interval
 ONE_SHOT_WINDOW_S = 0.2  # the window a one-shot reader samples over (load is a delta between two samples)
@@ -157,7 +160,8 @@ class Sampler:
 
     `nvml`: a pynvml-like module (tests pass a stand-in); None imports pynvml
     when this is the real device, and skips GPUs on a fixture tree unless
-    `gpus=True`. power-profiles-daemon is asked only on the real device.
+    `gpus=True`. power-profiles-daemon is followed only on the real device (`ppd=True` anywhere: the tests'
+    private bus), and the kernel's uevents heard only there.
     `own_pids`: pids whose GPU and NPU clients are the agent's own, beside this process and its
     descendants (which count on the real /proc only).
     """
@@ -179,7 +183,11 @@ class Sampler:
         # the agent's own tree is taken out where the /proc read shows it: the real one, or a mirror of it (the
         # real-agent tests' device /proc, tests/device_proc.py); a fixture tree without it has no own work
         real_proc = os.path.realpath(procfs_root) == "/proc" or self.proc_files.exists(f"{os.getpid()}/stat")
-        self.ppd = PpdWatcher() if (real_sys if ppd is None else ppd) else None
+        # set when the device says something changed (ppd's signals, the kernel's power-supply and thermal
+        # uevents): the sampling thread samples at once
+        self.changed = threading.Event()
+        self.ppd = PowerProfiles(self.changed.set) if (real_sys if ppd is None else ppd) else None
+        self.uevents = Uevents(self.changed.set) if real_sys else None  # the kernel's events are the real /sys's
         self.thermal = ThermalProbe(self.sys_files)
         self.power_supply = PowerSupplyProbe(self.sys_files)
         self.power_mode = PowerModeProbe(self.sys_files, self.ppd)
@@ -238,3 +246,7 @@ class Sampler:
     def close(self) -> None:
         if self.gpu is not None:
             self.gpu.close()
+        if self.ppd is not None:
+            self.ppd.close()
+        if self.uevents is not None:
+            self.uevents.close()

@@ -15,6 +15,7 @@ from agent_harness import device, device_proc
 from broker import mosquitto, mosquitto_factory
 from browser import browser, client_site
 from cluster import rabbit_cluster
+from dbus_bus import bus_address  # noqa: F401 - a fixture of the tests
 
 from agent import calibration_store
 from agent.simulation.trees import laptop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,7 @@ class StandIn:
         self.fail = False
         self.ticks = 0
         self.waiting = waiting  # tasks wait for a CPU: run-queue snapshots are wanted
+        self.changed = threading.Event()
 
     def sample(self) -> Any:
         if self.fail:
@@ -51,6 +53,24 @@ def test_the_thread_sleeps_from_one_sample_to_the_next_while_no_task_waits():
     got = run(sampler, 0.45)
     assert 2 <= len(got) <= 5 and sampler.ticks == 0
     assert all(0.09 <= b.started - a.started for a, b in zip(got, got[1:], strict=False))
+
+
+def test_a_pushed_change_is_sampled_at_once_not_at_the_next_interval():
+    sampler = StandIn(waiting=False)
+    got: list[Sampled] = []
+    thread = SamplingThread(sampler, 5.0, 0.02, got.append).start()  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 2.0
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        changed_at = time.monotonic()
+        sampler.changed.set()  # as power-profiles-daemon's signal sets it
+        while len(got) < 2 and time.monotonic() < deadline + 2.0:
+            time.sleep(0.01)
+        assert len(got) == 2 and got[1].started - changed_at < 1.0  # not 5 s later
+    finally:
+        thread.stop()
+    assert thread.join(1.0), "a stop wakes the wait"
 
 
 def test_a_failed_sample_is_handed_over_as_such_and_sampling_goes_on():

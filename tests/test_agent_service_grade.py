@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 from test_agent_contract import SMALL
 from test_web_client import monitors_on, page_with_client, web_agent  # noqa: F401 - web_agent: a fixture
 
-from agent.analysis import Analysis
+from agent.analysis import Analysis, AnalysisPool
 from agent.config import Broker, MetricsSettings, load_config
 from agent.metrics import Metrics
 from agent.mqtt_link import MqttLink
@@ -193,12 +193,12 @@ def test_an_answer_the_disk_has_not_taken_is_neither_retained_nor_listed_fault_m
         seq_file = tmp_path / "monitor-seq.json"
         seq_file.unlink()
         seq_file.mkdir()
-        assert await reg.evaluate(10.0, [Speed()], True) == 1  # vetoed: false, held
-        assert await reg.evaluate(11.0, [Speed()], False) == 1  # true again, held
+        assert await reg.evaluate(10.0, PresentSpeed.at(Speed()), True) == 1  # vetoed: false, held
+        assert await reg.evaluate(11.0, PresentSpeed.at(Speed()), False) == 1  # true again, held
         assert [(x["seq"], x["meetsRequirement"]) for x in reg.listing("")] == [(1, True)]
         assert [json.loads(m.payload)["seq"] for m in reg.retained()] == [1]
         seq_file.rmdir()
-        assert await reg.evaluate(12.0, [Speed()], False) == 0  # saved now
+        assert await reg.evaluate(12.0, PresentSpeed.at(Speed()), False) == 0  # saved now
         assert [x["seq"] for x in reg.listing("")] == [3]
         assert [json.loads(m.payload)["seq"] for m in reg.retained()] == [3]
         reloaded = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: None)
@@ -277,8 +277,9 @@ def test_one_owner_cannot_take_every_monitor_of_the_device(tmp_path: Path):
 
 def test_the_default_metrics_do_not_tell_whether_a_gpu_was_calibrated(tmp_path: Path):
     def metrics(device_state: bool) -> str:
-        m = Metrics(MetricsSettings(device_state=device_state), monitors=lambda: 0, running=lambda: 0,
-                    connected=lambda: True, calibrating=lambda: False, calibration_file=lambda d: tmp_path / d)
+        m = Metrics(MetricsSettings(device_state=device_state),
+                    MonitorRegistry(tmp_path, MonitorRules(), 10, Topics(f"daop/{DEV}/"), lambda *m: None),
+                    AnalysisPool(tmp_path), asyncio.Event(), tmp_path)
         return generate_latest(m.registry).decode()
 
     assert 'daop_calibration_age_seconds{device="cpu"}' in metrics(False)
@@ -313,9 +314,9 @@ def test_a_registry_holds_the_monitors_it_loads(tmp_path: Path):
                          Speed(), False)
         again = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
         again.load()
-        assert await again.evaluate(1.0, [Speed(cpu=1.7)], False) == 0
+        assert await again.evaluate(1.0, PresentSpeed.at(Speed(cpu=1.7)), False) == 0
         again.table.release()
-        assert await again.evaluate(2.0, [Speed(cpu=1.7)], False) == 1
+        assert await again.evaluate(2.0, PresentSpeed.at(Speed(cpu=1.7)), False) == 1
 
     asyncio.run(scenario())
 

@@ -17,10 +17,12 @@ from agent.registry import MonitorRegistry
 from agent.store import SEQ_LOSS_JUMP, MonitorStore, Running, StoredMonitor, StoredWorkload, atomic_write
 from agent.topics import Topics
 from monitors.requirements import Requirement
-from monitors.speed.present import Speed
+from monitors.speed.present import PresentSpeed, Speed
 from monitors.table import MonitorRules
 
 REPO = Path(__file__).resolve().parent.parent
+
+AT_REST_PRESENT = PresentSpeed.at(Speed())
 
 
 GOOD = Requirement("good")
@@ -211,7 +213,7 @@ def test_a_change_the_disk_refuses_is_held_and_sent_in_order_once_saving_works_f
         seq_file.unlink()
         seq_file.mkdir()
         sent.clear()
-        assert await reg.evaluate(10.0, [Speed()], True) == 2  # the policy vetoes: the monitors turn false
+        assert await reg.evaluate(10.0, AT_REST_PRESENT, True) == 2  # the policy vetoes: the monitors turn false
         assert sent == [] and reg.storage_error and told == [reg.storage_error]  # held, and said
         await reg.delete("k")  # its file can go: deleted at once, its held messages with it
         assert [(m.topic, m.payload) for m in sent] == [("daop/d/monitors/k/state", b"")]
@@ -219,9 +221,9 @@ def test_a_change_the_disk_refuses_is_held_and_sent_in_order_once_saving_works_f
         with pytest.raises(Exception) as refused:
             await reg.create("n", [("", Requirement.parse({"requiredTier": "good"}), analysis)], Speed(), False)
         assert getattr(refused.value, "code", None) == "storage" and "n" not in reg.records
-        assert await reg.evaluate(11.0, [Speed()], True) == 0 and sent == []  # retried, still refused
+        assert await reg.evaluate(11.0, AT_REST_PRESENT, True) == 0 and sent == []  # retried, still refused
         seq_file.rmdir()
-        assert await reg.evaluate(12.0, [Speed()], True) == 0  # retried: saved, then the held messages go
+        assert await reg.evaluate(12.0, AT_REST_PRESENT, True) == 0  # retried: saved, then the held messages go
         assert [m.topic for m in sent] == ["daop/d/monitors/m/events", "daop/d/monitors/m/state"]
         assert json.loads(sent[0].payload)["meetsRequirement"] is False
         assert reg.storage_error is None and told[-1] is None

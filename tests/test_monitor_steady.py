@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from monitors.speed.present import speed_from_state
+from monitors.speed.present import AT_REST, speed_from_state
 from monitors.speed.refresh_policy import RefreshPolicy
 from monitors.steady import BAND, band
 from monitors.table import Member, MonitorTable
@@ -100,7 +100,7 @@ def test_laptop_fixture_tree_no_band_for_an_accelerator_a_pending_flip_or_an_app
     pending.add("m", [Member(400.0, "cpu", 100.0)], True, 1)
     assert made(pending, quiet) is None
     running = table_with(40.0)
-    running.set_speed_classes({"m": 1})
+    running.set_classes([AT_REST, AT_REST], {"m": 1})
     assert made(running, quiet) is None
 
 

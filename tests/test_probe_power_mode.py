@@ -6,7 +6,8 @@ import threading
 import time
 
 from agent.simulation.trees import desktop, laptop, vm
-from probes.power_mode import PowerModeProbe, PpdAnswer, PpdWatcher, query_ppd
+from probes.power_mode import PowerModeProbe
+from probes.power_profiles import PpdAnswer, PpdWatcher, query_ppd
 from probes.sysfs import KernelFiles
 
 

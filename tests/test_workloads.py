@@ -13,6 +13,7 @@ from monitors.pricing.tiers import bound_ms
 from monitors.requirements import Requirement
 from monitors.speed.present import PresentSpeed, Share, Speed, expected_share, measured_share, speed_from_state, without
 from monitors.table import Member, MonitorRules, MonitorTable, initial_answer
+from monitors.tick import Run, Taught, tick
 from monitors.warm import MAX_LOG_CORRECTION, Learnt, reduce
 from probes.cpu import TreeShare
 from probes.state import Sampler
@@ -144,6 +145,46 @@ def test_laptop_fixture_tree_an_app_s_own_run_is_left_out_of_its_own_monitor_s_s
     present.observe(busy_laptop, 0.0)
     assert present.for_share(share).cpu < everyone.cpu  # its own run is not contention against itself
     assert present.speed == everyone  # everyone else still sees the app's run as load
+
+
+def test_laptop_fixture_tree_one_tick_prices_the_monitor_its_app_runs_at_a_speed_without_that_run(busy_laptop):
+    """monitors/tick.py: two monitors of the same model and deadline; the app of one says it runs it here (pid
+    4242): only the other turns false under a load that the first's app makes itself."""
+    present = PresentSpeed(threads=4)
+    present.observe(busy_laptop, 0.0)
+    own = present.for_share(measured_share(busy_laptop, 4242))
+    assert own.cpu < 0.9 * present.speed.cpu  # the app's run is most of the load
+    base = 10.0
+    deadline = base * (own.cpu + present.speed.cpu) / 2 / (1 + RULES.margin)  # stops met between the two speeds
+    table = MonitorTable(RULES)
+    for monitor in ("mine", "theirs"):
+        table.add(monitor, [Member(base, "cpu", deadline)], True, 1)
+    run = Run("mine", (Member(base, "cpu", deadline),), pid=4242)
+    changes = tick(table, present, [run], [], now=1.0, wall=0.0, veto=False)
+    assert [(c.monitor, c.meets) for c in changes] == [("theirs", False)]
+    assert table.speed_of("mine") == own and table.speed_of("theirs") == present.speed
+    assert [c.monitor for c in tick(table, present, [], [], now=2.0, wall=0.0, veto=False)] == ["mine"]  # no run
+    assert table.speed_of("mine") == present.speed
+
+
+def test_one_tick_applies_what_an_app_taught_its_monitor_at_its_class_s_speed():
+    """The app measured twice the estimate: only its monitor turns false; the same reports learnt at a far
+    slower state teach little here (learning fades as the state moves away)."""
+    present = PresentSpeed.at(speed(1.0))
+    m = Member(10.0, "cpu", 14.0)  # taught 1.64x (five reports of 2x against a prior of two): 16.4 ms
+    table = MonitorTable(RULES)
+    table.add("taught", [m], True, 1)
+    table.add("other", [m], True, 2)
+    learnt = Learnt()
+    for i in range(5):
+        learnt.add(reduce([20.0] * 10, 10.0, 1.0, at=float(i)))
+    taught = Taught("taught", (m,), (learnt,))
+    assert [(c.monitor, c.meets) for c in tick(table, present, [], [taught], 1.0, 5.0, False)] == [("taught", False)]
+    far = Learnt()
+    for i in range(5):
+        far.add(reduce([200.0] * 10, 100.0, 10.0, at=float(i)))  # learnt where everything ran 10x slower
+    table.add("far", [m], True, 3)
+    assert tick(table, present, [], [Taught("far", (m,), (far,))], 2.0, 5.0, False) == []
 
 
 def test_expected_share_is_rate_times_latency_across_the_threads_at_most_the_device():

@@ -99,9 +99,9 @@ async def run_scenario(scenario: Scenario, *, emit: Emit, broker: str | None = N
             deadline = time.monotonic() + 120
             while not agent.pool.ready:
                 if agent_task.done():
-                    raise BadInput(f"the agent stopped at start: {agent.engine_error or agent_task.result()}")
-                if agent.engine_error:
-                    raise BadInput(f"the agent's estimator cannot start: {agent.engine_error}")
+                    raise BadInput(f"the agent stopped at start: {agent.pool.error or agent_task.result()}")
+                if agent.pool.error:
+                    raise BadInput(f"the agent's estimator cannot start: {agent.pool.error}")
                 if time.monotonic() > deadline:
                     raise BadInput("the agent's estimator did not start within 120 s")
                 await asyncio.sleep(0.05)
@@ -223,7 +223,7 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
                 emit({"kind": "status", "t": round(now(), 2), "sees": _seen(state), "predicted_slowdown":
                       round(sp.cpu, 2), "agent_slowdown": round(agent.speed.speed.cpu, 2), "reasons": list(sp.reasons),
                       "tiers": dict(tiers), "apps": {m: runs[-1][1] for m, runs in timeline.runs.items() if runs},
-                      "estimates_ms": agent.registry.estimates_ms(agent.speeds),
+                      "estimates_ms": agent.registry.estimates_ms(),
                       "monitor_slowdown": _monitor_slowdowns(agent), "measured": _measured(agent),
                       "meets": {m: timeline.value_at(m, now()) for m in timeline.created}})
                 if tier_task is None or tier_task.done():
@@ -258,13 +258,8 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
 
 def _monitor_slowdowns(agent: Agent) -> dict[str, float]:
     """The CPU slowdown each monitor is priced at (an app's own run left out of its own monitor's)."""
-    speeds = agent.speeds
-    out = {}
-    for monitor in agent.registry.records:
-        k = agent.registry.table.speed_class(monitor)
-        if k < len(speeds):
-            out[monitor] = round(speeds[k].cpu, 2)
-    return out
+    table = agent.registry.table
+    return {monitor: round(table.speed_of(monitor).cpu, 2) for monitor in agent.registry.records}
 
 
 def _measured(agent: Agent) -> dict[str, float | None] | None:

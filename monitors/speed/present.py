@@ -345,6 +345,13 @@ class PresentSpeed:
         self._refreshing = False  # a refresh is due, running, or its reading not yet paired
         self._reading: _Reading | None = None  # the latest refresh's, until the next state pairs it
 
+    @classmethod
+    def at(cls, speed: Speed, threads: int = 1) -> PresentSpeed:
+        """A present speed fixed at `speed`, no state sampled: monitors priced outside an agent (tests, tools)."""
+        present = cls(threads)
+        present.speed = speed
+        return present
+
     @property
     def measurement_current(self) -> bool:
         return self.policy is not None and self.measurement is not None and self.policy.measurement_current()
