@@ -160,8 +160,8 @@ class Sampler:
 
     `nvml`: a pynvml-like module (tests pass a stand-in); None imports pynvml
     when this is the real device, and skips GPUs on a fixture tree unless
-    `gpus=True`. power-profiles-daemon is followed only on the real device (`ppd=True` anywhere: the tests'
-    private bus), and the kernel's uevents heard only there.
+    `gpus=True`. power-profiles-daemon is followed on the real device, or wherever $DBUS_SYSTEM_BUS_ADDRESS
+    names a system bus (the tests' private one); the kernel's uevents are heard on the real device only.
     `own_pids`: pids whose GPU and NPU clients are the agent's own, beside this process and its
     descendants (which count on the real /proc only).
     """
@@ -186,7 +186,8 @@ class Sampler:
         # set when the device says something changed (ppd's signals, the kernel's power-supply and thermal
         # uevents): the sampling thread samples at once
         self.changed = threading.Event()
-        self.ppd = PowerProfiles(self.changed.set) if (real_sys if ppd is None else ppd) else None
+        follow_ppd = real_sys or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")) if ppd is None else ppd
+        self.ppd = PowerProfiles(self.changed.set) if follow_ppd else None
         self.uevents = Uevents(self.changed.set) if real_sys else None  # the kernel's events are the real /sys's
         self.thermal = ThermalProbe(self.sys_files)
         self.power_supply = PowerSupplyProbe(self.sys_files)

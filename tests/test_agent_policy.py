@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from agent_harness import AgentProcess, client, next_message, request_v5, write_config
+from dbus_bus import start_ppd
+from models import mlp
+from test_agent_contract import onnx_b64
+
 from agent.config import Policy
 from agent.policy import PolicyGate, PowerFacts
 from agent.service import power_facts
@@ -48,3 +58,31 @@ def test_laptop_fixture_tree_on_battery_at_37_percent_is_vetoed_below_a_40_perce
     plain = desktop(tmp_path / "desktop")  # no battery at all
     facts = power_facts(Sampler(plain.sys, plain.proc).sample())
     assert PolicyGate(Policy(battery_floor_percent=40)).veto(facts) is None
+
+
+async def test_real_agent_private_bus_a_switch_to_power_saver_turns_monitors_false_within_a_second(
+        state_dir: Path, mosquitto, device, bus_address: str, tmp_path: Path):
+    """power-profiles-daemon's signal, not its poll (every 30 s) nor the next sample (every 5 s here): the desktop
+    fixture tree has no platform profile here, so the power mode is ppd's, a stand-in on a private system bus."""
+    (device.sys / "firmware/acpi/platform_profile").unlink()
+    bus, ppd = await start_ppd(bus_address, "balanced")
+    config = write_config(tmp_path, "[policy]\npower_saver = true\n[monitors]\nmin_dwell_s = 0.2\n")
+    agent = AgentProcess(state_dir, mosquitto.url, config=config, sysfs_root=device.sys, procfs_root=device.proc,
+                         sample_interval=5.0, env={"DBUS_SYSTEM_BUS_ADDRESS": bus_address}).start()
+    try:
+        async with client(mosquitto.port) as c:
+            await c.subscribe("daop/dev1/monitors/m/events", qos=1)
+            created, _ = await request_v5(c, "dev1", "monitors/create",
+                                          {"onnx": onnx_b64(mlp([64, 128, 10], batch=1)), "requiredTier": "poor",
+                                           "monitor": "m"})
+            assert created["data"]["meetsRequirement"] is True
+            for profile, meets in (("power-saver", False), ("balanced", True)):
+                switched = time.monotonic()
+                ppd.switch(profile)
+                event = json.loads((await next_message(c, timeout=10.0)).payload)
+                assert event["meetsRequirement"] is meets, agent.log[-3000:]
+                assert time.monotonic() - switched < 1.0, agent.log[-3000:]
+                await asyncio.sleep(0.5)  # past the monitor's dwell (0.2 s), which would hold the next change
+    finally:
+        agent.stop()
+        bus.disconnect()
