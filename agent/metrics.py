@@ -20,9 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
 from agent.analysis import AnalysisPool
+from agent.book import MonitorBook
 from agent.calibration_store import calibration_path
 from agent.config import MetricsSettings
-from agent.registry import MonitorRegistry
 from agent.topics import Outgoing
 from monitors.devices import DEVICES
 from probes.state import DeviceState
@@ -34,7 +34,7 @@ class Metrics:
     """Read from the agent's own holders at each scrape: its monitors, its estimator, its broker link
     (`connected`: set while it is up) and the calibrations in its state dir."""
 
-    def __init__(self, settings: MetricsSettings, monitors: MonitorRegistry, pool: AnalysisPool,
+    def __init__(self, settings: MetricsSettings, monitors: MonitorBook, pool: AnalysisPool,
                  connected: asyncio.Event, state_dir: Path) -> None:
         self.settings = settings
         self.registry = r = CollectorRegistry()

@@ -1,18 +1,9 @@
-"""The device's monitors as the agent holds them: records, the decision table, what apps said and taught, the
-files on disk.
+"""The device's monitors on disk and on the wire: their files, and the messages their changes send.
 
-They change together under one lock, in seq order: a change is on disk before its answer or its event
-goes out (`send`), so nothing acknowledged is lost, even across a SIGKILL.
-
-Apps tell the agent two things about their own monitors. That they run its workloads here now (`running`):
-the monitor is then priced at a speed that leaves the app's own run out (monitors/speed/present.py:
-`PresentSpeed.for_share`), from its process tree's CPU when the app gave its pid, else from its rate and
-latency. And what they measured (`report`): a bounded correction of each workload's estimate is learnt from
-it (monitors/warm.py), kept on the device in `warm/<monitor>.json`, and moves that monitor's answers only.
-
-A monitor belongs to the client that created it (its owner, from the request's topic; "" for the shared
-topics): only that owner lists, replaces, deletes, reports on or says it runs it, and its topics live in the
-owner's scope (agent/topics.py). To anyone else it is not there.
+What the agent holds of them in memory, and every decision about them, is the book's (agent/book.py, and the
+tick in monitors/tick.py). The registry loads the book from disk, and changes it only under one lock, in seq
+order: a change is on disk before its answer or its event goes out (`send`), so nothing acknowledged is lost,
+even across a SIGKILL. What apps taught their monitors is kept in `warm/<monitor>.json`.
 """
 
 from __future__ import annotations
@@ -22,20 +13,19 @@ import dataclasses
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agent.analysis import Analysis, EngineError
+from agent.book import MonitorBook
 from agent.store import MonitorStore, Running, StoredMonitor, StoredWorkload, atomic_write, set_aside
 from agent.topics import Outgoing, Topics
 from monitors.errors import BadInput
 from monitors.requirements import Requirement
 from monitors.speed.present import PresentSpeed, Speed
-from monitors.table import Answer, MonitorRules, MonitorTable, initial_answer
-from monitors.tick import Run, Taught, tick
-from monitors.warm import Learnt, reduce
+from monitors.table import Answer, MonitorRules, initial_answer
+from monitors.warm import Learnt
 from probes.liveness import process_runs
 
 log = logging.getLogger("daop-agent")
@@ -64,16 +54,11 @@ class MonitorRegistry:
         apps that run monitored workloads, when they change; `on_change`: told when what prices a monitor
         changes outside a tick (a monitor added, replaced or removed, re-priced, taught, run by its app)."""
         self.store = MonitorStore(state_dir)
-        self.table = MonitorTable(rules)
-        self.records: dict[str, StoredMonitor] = {}
-        self.learnt: dict[str, list[Learnt]] = {}  # monitor -> one per workload
-        self._taught: set[str] = set()  # the monitors whose learnt corrections hold reports
-        self.max_monitors = max_monitors
-        self.max_per_owner = max_per_owner  # None: no share below max_monitors
+        self.book = MonitorBook(rules, max_monitors, max_per_owner)
         self.topics = topics
         self.procfs_root = procfs_root
         self._send = send
-        self._mutate = asyncio.Lock()  # table + disk + outbox change together, in seq order
+        self._mutate = asyncio.Lock()  # book + disk + outbox change together, in seq order
         self._warm_dir = Path(state_dir) / WARM_DIR
         self._warm_dirty: set[str] = set()
         self._warm_saved_at = -math.inf
@@ -83,70 +68,51 @@ class MonitorRegistry:
         # Each monitor's answer as the seq file last took it: what it retains and lists while saving fails (seq
         # never goes back for anyone, a restart included). The present answers are the table's.
         self._on_disk: dict[str, Answer] = {}
-        self._expires: dict[str, float] = {}  # a leased monitor -> when it is deleted unless renewed (monotonic)
         self.storage_error: str | None = None  # why the last save failed; None while saving works
         self.on_storage = on_storage
         self.on_running = on_running
         self.on_change = on_change
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.book)
 
     # -- loading and holding ----------------------------------------------------------------------------------------
 
     def load(self) -> None:
         """The monitors and what apps taught them, from disk (blocking: run it in a thread)."""
         monitors, last_seq = self.store.load()
+        table = self.book.table
         for m in monitors:
-            self._add(m)
-            self._set_learnt(m.monitor, self._load_learnt(m))
-        self.table.last_seq = max(self.table.last_seq, last_seq)
-        self._on_disk = self.table.answers()
-        self.table.hold()  # they keep their stored answers until the agent's present speed has a full reading
+            self.book.add(m, self._load_learnt(m))
+        table.last_seq = max(table.last_seq, last_seq)
+        self._on_disk = table.answers()
+        table.hold()  # they keep their stored answers until the agent's present speed has a full reading
         if monitors:
             log.info("loaded %d monitor(s) from %s", len(monitors), self.store.folder)
+            self.on_change()
 
     def cleared_corrupt(self) -> list[Outgoing]:
         """Empty retained states for the monitors whose files were set aside at load: the broker forgets them
         (their apps see them gone, as after a delete) rather than keep a state no one updates."""
-        return [self.topics.cleared_state(m, owner) for m, owner in self.store.set_aside if m not in self.records]
+        return [self.topics.cleared_state(m, owner) for m, owner in self.store.set_aside if m not in self.book]
 
-    def _load_learnt(self, m: StoredMonitor) -> list[Learnt]:
+    def _load_learnt(self, m: StoredMonitor) -> list[Learnt] | None:
         path = self._warm_dir / f"{m.monitor}.json"
         try:
             doc = json.loads(path.read_bytes())
             learnt = [Learnt.from_json(doc[w.name]) if w.name in doc else Learnt() for w in m.workloads]
         except FileNotFoundError:
-            return [Learnt() for _ in m.workloads]
+            return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             set_aside(path, str(exc) or type(exc).__name__, self.store.corrupt_folder)
-            return [Learnt() for _ in m.workloads]
+            return None
         return learnt
 
-    def _add(self, m: StoredMonitor) -> None:
-        self.records[m.monitor] = m
-        if m.lease_s is not None:  # a full lease from its creation, or from the agent's start
-            self._expires[m.monitor] = time.monotonic() + m.lease_s
-        self.table.add(m.monitor, [w.member() for w in m.workloads], m.meets, m.seq, m.member_meets)
-        self.on_change()
-
     def _forget(self, monitor: str) -> None:
-        self.records.pop(monitor, None)
+        self.book.forget(monitor)
         self._on_disk.pop(monitor, None)
-        self._expires.pop(monitor, None)
-        self.learnt.pop(monitor, None)
-        self._taught.discard(monitor)
         self._warm_dirty.discard(monitor)
-        if monitor in self.table:
-            self.table.remove(monitor)
         self.on_change()
-
-    def _set_learnt(self, monitor: str, learnt: list[Learnt]) -> None:
-        self.learnt[monitor] = learnt
-        if any(x.reports for x in learnt):
-            self._taught.add(monitor)
-        else:
-            self._taught.discard(monitor)
 
     def _state(self, rec: StoredMonitor, answer: Answer) -> Outgoing:
         if not rec.group:
@@ -159,12 +125,13 @@ class MonitorRegistry:
     def _saved(self) -> dict[str, Answer]:
         """Every monitor's answer as saved: while saving fails, an answer the disk has not taken is neither retained
         nor listed."""
-        return self.table.answers() if self.storage_error is None else {**self.table.answers(), **self._on_disk}
+        answers = self.book.table.answers()
+        return answers if self.storage_error is None else {**answers, **self._on_disk}
 
     def retained(self) -> list[Outgoing]:
         """Every monitor's retained state, as saved."""
         saved = self._saved()
-        return [self._state(rec, saved[rec.monitor]) for rec in list(self.records.values())]
+        return [self._state(rec, saved[rec.monitor]) for rec in list(self.book.records.values())]
 
     def last_events(self) -> list[Outgoing]:
         """Each monitor's last change event again, same seq: at least once, even across a SIGKILL.
@@ -173,9 +140,9 @@ class MonitorRegistry:
         (events queued in memory) would otherwise never send it. A subscriber that has it already sees a
         duplicate seq, as with any QoS 1 duplicate, and drops it.
         """
-        answers = self.table.answers()
+        answers = self.book.table.answers()
         return [self.topics.event_message(rec.monitor, a.meets, a.seq, self._workloads(rec, a), rec.owner)
-                for rec in self.records.values() if (a := answers[rec.monitor]).seq > rec.created_seq >= 0]
+                for rec in self.book.records.values() if (a := answers[rec.monitor]).seq > rec.created_seq >= 0]
 
     def _workloads(self, rec: StoredMonitor, answer: Answer) -> dict[str, bool] | None:
         """A group's workloads' answers by name (None: a lone workload's is the monitor's)."""
@@ -187,33 +154,7 @@ class MonitorRegistry:
         """The owner's monitors, and no one else's."""
         saved = self._saved()
         return [json.loads(self._state(r, saved[r.monitor]).payload)
-                for r in sorted(self.records.values(), key=lambda r: r.monitor) if r.owner == owner]
-
-    def check_room(self, monitor: str, owner: str = "") -> None:
-        """Room for one more monitor: on the device (`max_monitors`) and in its owner's share
-        (`max_per_owner`), so that one app cannot take every monitor the device holds."""
-        if monitor in self.records:
-            return
-        if len(self.records) >= self.max_monitors:
-            raise BadInput(f"this device already has {len(self.records)} monitors, the limit", "too_many_monitors")
-        if self.max_per_owner is not None:
-            mine = sum(1 for r in self.records.values() if r.owner == owner)
-            if mine >= self.max_per_owner:
-                raise BadInput(f"you already have {mine} monitors on this device, one client's limit",
-                               "too_many_monitors")
-
-    def record(self, monitor: str, owner: str | None = None) -> StoredMonitor:
-        """The monitor, as its owner asks for it (None: the agent's own look-up). Another owner's is not there."""
-        rec = self.records.get(monitor)
-        if rec is None or (owner is not None and rec.owner != owner):
-            raise BadInput(f"no monitor {monitor!r} of yours on this device", "unknown_monitor")
-        return rec
-
-    def check_owner(self, monitor: str, owner: str) -> None:
-        """A monitor id another owner holds cannot be taken over."""
-        rec = self.records.get(monitor)
-        if rec is not None and rec.owner != owner:
-            raise BadInput(f"monitor id {monitor!r} is taken by another client; pick another", "monitor_taken")
+                for r in sorted(self.book.records.values(), key=lambda r: r.monitor) if r.owner == owner]
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
@@ -226,8 +167,8 @@ class MonitorRegistry:
         later answers flip where its owner's view puts the boundary, not where the device's speed does. A storage
         fault leaves things as they were and says so."""
         async with self._mutate:
-            self.check_owner(monitor, owner)
-            self.check_room(monitor, owner)
+            self.book.check_owner(monitor, owner)
+            self.book.check_room(monitor, owner)
             stored, latencies = [], []
             for name, requirement, a in workloads:
                 latency, device = a.present(speed)
@@ -236,23 +177,21 @@ class MonitorRegistry:
                                              a.stream_ms))
                 latencies.append(latency)
             meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
-            rec = StoredMonitor(monitor, stored, self.table.next_seq(), meets, member_meets=list(member_meets),
+            rec = StoredMonitor(monitor, stored, self.book.table.next_seq(), meets, member_meets=list(member_meets),
                                 owner=owner, lease_s=lease_s)
-            previous = self._as_present(self.records[monitor]) if monitor in self.records else None
-            previous_learnt = self.learnt.get(monitor)
+            previous = self._as_present(self.book.records[monitor]) if monitor in self.book.records else None
+            previous_learnt = self.book.learnt.get(monitor)
             try:
                 await asyncio.to_thread(self.store.save_monitor, rec)
                 self._forget(monitor)
-                self._add(rec)
-                self._set_learnt(monitor, [Learnt() for _ in stored])
+                self.book.add(rec)
                 await self._save_seq()
             except OSError as exc:
                 self._forget(monitor)
                 self._storage(exc, f"monitor {monitor}")
                 try:
                     if previous is not None:  # a failed replace leaves the old monitor as it was
-                        self._add(previous)
-                        self._set_learnt(monitor, previous_learnt or [Learnt() for _ in previous.workloads])
+                        self.book.add(previous, previous_learnt)
                         await asyncio.to_thread(self.store.save_monitor, previous)
                     else:
                         await asyncio.to_thread(self.store.delete_monitor, monitor)
@@ -264,13 +203,13 @@ class MonitorRegistry:
                 await asyncio.to_thread(self._delete_learnt, monitor)  # a new monitor learns afresh
             except OSError as exc:
                 log.warning("monitor %s: cannot remove what its predecessor learnt: %s", monitor, exc.strerror or exc)
-            answer = self.table.answer(monitor)
+            answer = self.book.table.answer(monitor)
             self._release(self._state(rec, answer))
         return meets, self._workloads(rec, answer), previous is not None
 
     async def delete(self, monitor: str, owner: str = "") -> None:
         async with self._mutate:
-            rec = self.record(monitor, owner)
+            rec = self.book.record(monitor, owner)
             try:
                 await asyncio.to_thread(self.store.delete_monitor, monitor)
             except OSError as exc:
@@ -289,45 +228,25 @@ class MonitorRegistry:
             await self._commit()
             self._send(self.topics.cleared_state(monitor, rec.owner))
 
-    def renew(self, monitors: Sequence[str], owner: str, now: float) -> tuple[list[str], list[str]]:
-        """The owner's leased monitors among `monitors` live `lease_s` from `now` (monotonic) again: (renewed,
-        unknown). A monitor without a lease needs none: it counts as renewed."""
-        renewed, unknown = [], []
-        for monitor in monitors:
-            rec = self.records.get(monitor)
-            if rec is None or rec.owner != owner:
-                unknown.append(monitor)
-                continue
-            if rec.lease_s is not None:
-                self._expires[monitor] = now + rec.lease_s
-            renewed.append(monitor)
-        return renewed, unknown
-
-    def next_expiry(self) -> float:
-        """When the next leased monitor is deleted unless renewed (monotonic; inf: none is leased)."""
-        return min(self._expires.values(), default=math.inf)
-
     async def expire(self, now: float) -> list[str]:
         """Delete the leased monitors nobody renewed in time (their clients have gone); the ones deleted."""
-        gone = [m for m, at in self._expires.items() if at <= now]
         deleted = []
-        for monitor in gone:
-            rec = self.records.get(monitor)
-            if rec is None or self._expires.get(monitor, math.inf) > now:
-                continue
+        for rec in self.book.expired(now):
+            if rec.monitor not in self.book or self.book.lease_ends(rec.monitor) > now:
+                continue  # deleted or renewed while an earlier one was being deleted
             try:
-                await self.delete(monitor, rec.owner)
+                await self.delete(rec.monitor, rec.owner)
             except BadInput as exc:  # a storage fault: tried again on the next sample
-                log.warning("monitor %s: its lease ran out, but %s", monitor, exc)
+                log.warning("monitor %s: its lease ran out, but %s", rec.monitor, exc)
                 continue
-            log.info("monitor %s deleted: its lease of %g s ran out unrenewed", monitor, rec.lease_s)
-            deleted.append(monitor)
+            log.info("monitor %s deleted: its lease of %g s ran out unrenewed", rec.monitor, rec.lease_s)
+            deleted.append(rec.monitor)
         return deleted
 
     async def set_running(self, monitor: str, running: Running, owner: str | None = None) -> None:
         """The app runs the monitor's workloads here now, or no longer (kept on disk: it survives a restart)."""
         async with self._mutate:
-            rec = self.record(monitor, owner)
+            rec = self.book.record(monitor, owner)
             before = rec.running
             rec.running = running if running.running else None
             try:
@@ -337,64 +256,26 @@ class MonitorRegistry:
                 self._storage(exc, f"monitor {monitor}")
                 raise BadInput(f"cannot store the monitor: {exc.strerror or exc}", "storage") from None
         self.on_change()
-        await self.on_running(self.running_pids())
+        await self.on_running(self.book.running_pids())
 
     def report(self, monitor: str, workload: str | None, latencies_ms: Sequence[float], now: float,
                owner: str = "") -> None:
-        """Latencies the app measured running one of the monitor's workloads here, learnt against the agent's
-        estimate at the speed its class was last priced at (what it answers now, before any correction)."""
-        rec = self.record(monitor, owner)
-        speed = self.table.speed_of(monitor)
-        names = [w.name for w in rec.workloads]
-        if workload is None and len(names) > 1:
-            raise BadInput(f"monitor {monitor!r} is a group: say which workload, one of {', '.join(names)}",
-                           "bad_workload")
-        if workload is not None and workload not in names:
-            raise BadInput(f"monitor {monitor!r} has no workload {workload!r}", "bad_workload")
-        w = rec.workloads[names.index(workload) if workload is not None else 0]
-        estimate = w.present_ms(speed)
-        try:
-            learnt = reduce(latencies_ms, estimate, estimate / w.base_ms[w.device], now)
-        except ValueError as exc:
-            raise BadInput(str(exc), "bad_report") from None
-        self.learnt[monitor][rec.workloads.index(w)].add(learnt)
-        self._set_learnt(monitor, self.learnt[monitor])
+        """What the app measured, learnt (MonitorBook.report) and written to `warm/` with the next saves."""
+        self.book.report(monitor, workload, latencies_ms, now, owner)
         self._warm_dirty.add(monitor)
         self.on_change()
 
-    # -- pricing and evaluation ---------------------------------------------------------------------------------------
-
-    def running_pids(self) -> frozenset[int]:
-        """The processes of apps that run their monitors' workloads here now and said which (to be measured)."""
-        return frozenset(r.running.pid for r in self.records.values() if r.running and r.running.pid)
-
-    def runs(self) -> list[Run]:
-        """The apps' declared runs of their monitors' workloads here now."""
-        return [Run(rec.monitor, tuple(w.member() for w in rec.workloads), rec.running.pid or None,
-                    rec.running.rate_hz or 0.0)
-                for rec in self.records.values() if rec.running is not None]
-
-    def taught(self) -> list[Taught]:
-        """What apps' reports taught their monitors (only those with reports)."""
-        return [Taught(m, tuple(w.member() for w in self.records[m].workloads), tuple(self.learnt[m]))
-                for m in self._taught]
-
-    def estimates_ms(self) -> dict[str, list[float]]:
-        """Each monitor's workloads' present latencies, as its monitor prices them at the last tick's speeds
-        (local only: figures)."""
-        latencies = self.table.latencies(self.table.speeds)
-        return {monitor: [round(float(latencies[j]), 3) for j in self.table.member_rows(monitor)]
-                for monitor in self.records}
+    # -- evaluation -----------------------------------------------------------------------------------------------
 
     async def evaluate(self, now: float, present: PresentSpeed, veto: bool) -> int:
         """One tick (monitors/tick.py) at the present speed: the monitors whose answer changed are stored, then
         their events and states sent."""
         async with self._mutate:
-            changes = tick(self.table, present, self.runs(), self.taught(), now, time.time(), veto)
+            changes = self.book.tick(present, now, veto)
             if changes:
                 messages: list[Outgoing] = []
                 for c in changes:
-                    rec = self.records[c.monitor]
+                    rec = self.book.records[c.monitor]
                     answer = Answer(c.seq, c.meets, c.members or (c.meets,))
                     messages += [self.topics.event_message(c.monitor, c.meets, c.seq, self._workloads(rec, answer),
                                                            rec.owner),
@@ -408,7 +289,7 @@ class MonitorRegistry:
 
     async def end_gone_runs(self) -> None:
         """An app that said it runs a monitor's workloads in a process that is gone no longer runs them."""
-        for rec in list(self.records.values()):
+        for rec in list(self.book.records.values()):
             pid = rec.running.pid if rec.running else None
             if pid and not process_runs(pid, self.procfs_root):
                 log.info("monitor %s: its app's process %d is gone: no longer running here", rec.monitor, pid)
@@ -420,39 +301,39 @@ class MonitorRegistry:
     async def rebase(self, price: Callable[[list[dict[str, str]]],
                                            Awaitable[list[tuple[dict[str, float], float]]]]) -> None:
         """Stored plans priced again with the present calibration (it may have been redone)."""
-        items = [(rec.monitor, i) for rec in list(self.records.values()) for i in range(len(rec.workloads))]
+        items = [(rec.monitor, i) for rec in list(self.book.records.values()) for i in range(len(rec.workloads))]
         for start in range(0, len(items), REBASE_CHUNK):
-            chunk = [(m, i) for m, i in items[start:start + REBASE_CHUNK] if m in self.records]
+            chunk = [(m, i) for m, i in items[start:start + REBASE_CHUNK] if m in self.book.records]
             try:
-                bases = await price([self.records[m].workloads[i].plans for m, i in chunk])
+                bases = await price([self.book.records[m].workloads[i].plans for m, i in chunk])
             except (BadInput, EngineError) as exc:
                 log.warning("could not re-price stored monitors: %s", exc)
                 return
             for (monitor, i), (base, stream) in zip(chunk, bases, strict=True):
-                rec = self.records.get(monitor)
+                rec = self.book.records.get(monitor)
                 if rec is not None and rec.workloads[i].device in base:
                     rec.workloads[i].base_ms = base
                     rec.workloads[i].stream_ms = stream
             for monitor in {m for m, _ in chunk}:
-                rec = self.records.get(monitor)
+                rec = self.book.records.get(monitor)
                 if rec is not None:
-                    self.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads],
-                                        [w.stream_ms for w in rec.workloads])
+                    self.book.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads],
+                                             [w.stream_ms for w in rec.workloads])
             self.on_change()
 
     # -- files -------------------------------------------------------------------------------------------------------
 
     async def _save_seq(self) -> None:
         """Every monitor's (seq, meets), and a group's workloads' answers, to disk (OSError when the disk refuses)."""
-        answers = self.table.answers()
-        members = {m: list(a.members) for m, a in answers.items() if self.records[m].group}
-        await asyncio.to_thread(self.store.save_seq, self.table.last_seq,
+        answers = self.book.table.answers()
+        members = {m: list(a.members) for m, a in answers.items() if self.book.records[m].group}
+        await asyncio.to_thread(self.store.save_seq, self.book.table.last_seq,
                                 {m: (a.seq, a.meets) for m, a in answers.items()}, members)
         self._on_disk = answers
 
     def _as_present(self, rec: StoredMonitor) -> StoredMonitor:
         """The monitor with its present answer, as its file is written again."""
-        a = self.table.answer(rec.monitor)
+        a = self.book.table.answer(rec.monitor)
         return dataclasses.replace(rec, seq=a.seq, meets=a.meets, member_meets=list(a.members) if rec.group else None)
 
     async def _commit(self, *messages: Outgoing) -> bool:
@@ -492,8 +373,9 @@ class MonitorRegistry:
         if not self._warm_dirty or (not force and now - self._warm_saved_at < WARM_SAVE_S):
             return
         dirty, self._warm_dirty = self._warm_dirty, set()
-        docs = {m: {w.name: x.to_json() for w, x in zip(self.records[m].workloads, self.learnt[m], strict=True)}
-                for m in dirty if m in self.records}
+        book = self.book
+        docs = {m: {w.name: x.to_json() for w, x in zip(book.records[m].workloads, book.learnt[m], strict=True)}
+                for m in dirty if m in book.records}
         self._warm_saved_at = now
         try:
             await asyncio.to_thread(self._write_learnt, docs)

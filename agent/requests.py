@@ -239,7 +239,7 @@ class RequestHandler:
         if method == "monitors/list":
             return {"monitors": self.registry.listing(owner)}
         if method == "monitors/renew":
-            renewed, unknown = self.registry.renew(request.monitors, owner, time.monotonic())
+            renewed, unknown = self.registry.book.renew(request.monitors, owner, time.monotonic())
             log.debug("lease renewed: %d monitor(s); %d unknown", len(renewed), len(unknown))
             return {"renewed": renewed, "unknown": unknown}
         if method == "monitors/running":
@@ -284,8 +284,8 @@ class RequestHandler:
 
     async def _create(self, request: Request, owner: str) -> dict[str, Any]:
         monitor = request.monitor or secrets.token_hex(8)
-        self.registry.check_owner(monitor, owner)  # before the work of pricing it
-        self.registry.check_room(monitor, owner)
+        self.registry.book.check_owner(monitor, owner)  # before the work of pricing it
+        self.registry.book.check_room(monitor, owner)
         analyses = self._placed(request, await self._analyses(request))
         workloads = []
         for w, a in zip(request.workloads, analyses, strict=True):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import signal
 import time
@@ -52,6 +53,7 @@ log = logging.getLogger("daop-agent")
 MIN_TICK_S, MAX_TICK_S = 0.02, 0.25  # run-queue snapshots: at most 50 and at least 4 per second
 STREAM_SHARE = 0.1  # a monitor whose streamed time is this share of its latency has the refresh read memory's speed
 STOP_GRACE_S = 5.0  # for the link to say offline and disconnect
+STOP_DUMP_S = 8.0  # a stop still under way this long after SIGTERM dumps every thread's stack
 STARTUP_HOLD_MAX_S = 15.0  # stored monitors keep their answers at most this long after a start without a full reading
 REFRESH_GRAPHS_DIR = "refresh-graphs"  # in the state dir: the warm refresh's probe graphs (refresh.GraphCache)
 
@@ -78,12 +80,13 @@ class Agent:
                                         self._send, str(cfg.procfs_root), cfg.limits.max_monitors_per_owner,
                                         on_storage=self._storage_changed, on_running=self._track,
                                         on_change=self._unsteady)
+        self.book = self.registry.book  # the monitors in memory, and their table of answers
         self.link = MqttLink(cfg.brokers, cfg.client_id, self.topics, self.notifier, retained=self._retained,
                              on_request=self._on_request, monitors=self.registry.__len__,
                              subscriptions=(self.topics.owner_requests,
                                             *((cfg.homeassistant.status_topic,) if self.homeassistant else ())),
                              on_message=self._on_message, max_packet=max_packet_bytes(cfg.limits.max_request_bytes))
-        self.metrics = Metrics(cfg.metrics, self.registry, self.pool, self.link.connected, cfg.state_dir) \
+        self.metrics = Metrics(cfg.metrics, self.book, self.pool, self.link.connected, cfg.state_dir) \
             if cfg.metrics.port else None
         self.requests = RequestHandler(cfg, self.topics, self.registry, self.pool, self.speed, self.policy,
                                        self.link.answer,
@@ -173,6 +176,9 @@ class Agent:
                 await self._stop.wait()
                 self.notifier.stopping()
                 log.info("stopping")
+                # a stop that hangs says where: every thread's stack in the log (stderr), before systemd's
+                # TimeoutStopSec (15 s) kills the agent
+                faulthandler.dump_traceback_later(STOP_DUMP_S, exit=False)
                 try:
                     await asyncio.wait_for(asyncio.shield(mqtt), STOP_GRACE_S)
                 except TimeoutError:
@@ -188,6 +194,7 @@ class Agent:
             sampler.close()
             await self.registry.close()
             self.notifier.close()
+            faulthandler.cancel_dump_traceback_later()
         return 0
 
     def _start_metrics(self) -> None:
@@ -259,7 +266,7 @@ class Agent:
             cpu0 = time.process_time()
             marker = self.pool.work_marker
             # the stream probe only while a monitor's model streams (its buffer is dropped when not asked for)
-            stream = refresh.STREAM_KEY in self._reference and self.registry.table.streams(STREAM_SHARE)
+            stream = refresh.STREAM_KEY in self._reference and self.book.table.streams(STREAM_SHARE)
             try:
                 async with self._measured(stream, cpu0) as (result, cpu_s):
                     if self.pool.busy or self.pool.work_marker != marker:
@@ -333,7 +340,7 @@ class Agent:
                 self.metrics.sampled(state, speed.cpu)
             await self.registry.end_gone_runs()
             await self.registry.expire(time.monotonic())
-            sampler.track(self.registry.running_pids())
+            sampler.track(self.book.running_pids())
             if self.speed.start_refresh(started, own_work or self.pool.busy):
                 self._refresh_due.set()
             veto = self.policy.veto(power_facts(state))
@@ -358,7 +365,7 @@ class Agent:
         if full or self.policy.vetoed is not None or self.pool.error is not None or \
                 now - self._started_at >= STARTUP_HOLD_MAX_S:
             self._holding = False
-            self.registry.table.release()
+            self.book.table.release()
             log.info("monitors follow the present speed (%s)", "a full reading" if full else "no full reading")
 
     async def _evaluate_task(self) -> None:
@@ -379,8 +386,8 @@ class Agent:
         if self._holding or self.registry.storage_error is not None or self.pool.busy or present.refreshing \
                 or present.priced is None or present.held:
             return None
-        return band(self.registry.table, present.priced, present.speed, number, time.monotonic(),
-                    self.cfg.sample_interval_s, self.registry.next_expiry(), threads=present.threads,
+        return band(self.book.table, present.priced, present.speed, number, time.monotonic(),
+                    self.cfg.sample_interval_s, self.book.next_expiry(), threads=present.threads,
                     measurement=present.measurement, current=present.measurement_current, policy=present.policy,
                     veto=self.policy.vetoed is not None)
 
@@ -401,4 +408,8 @@ def power_facts(state: DeviceState) -> PowerFacts:
 
 
 async def run_agent(cfg: Config) -> int:
-    return await Agent(cfg).run()
+    """`daop-agent run`'s agent. The process exits after it: an exit that hangs (threads joined, workers reaped)
+    dumps every thread's stack too."""
+    code = await Agent(cfg).run()
+    faulthandler.dump_traceback_later(STOP_DUMP_S, exit=False)
+    return code

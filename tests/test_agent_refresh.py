@@ -126,12 +126,12 @@ async def test_agent_on_a_vm_fixture_tree_reads_memory_s_speed_only_while_a_moni
             created, _ = await request_v5(c, "refresh3", "monitors/create",
                                           {"onnx": streaming, "requiredTier": "poor", "monitor": "big"})
             assert created["status"] == "ok", created
-            (w,) = agent.registry.records["big"].workloads
+            (w,) = agent.registry.book.records["big"].workloads
             assert w.stream_ms > 0.5 * w.base_ms["cpu"]  # its weights come from memory
             await until(task, lambda: agent.speed.speed.memory == pytest.approx(memory_multiplier(2.0), rel=1e-3))
             assert asked[-1] is True, asked
             speed = agent.speed.speed
-            (latency,) = agent.registry.estimates_ms()["big"]
+            (latency,) = agent.registry.book.estimates_ms()["big"]
             assert latency == pytest.approx((w.base_ms["cpu"] + w.stream_ms * (speed.memory - 1.0)) * speed.cpu
                                             + w.written_mb * speed.handoff_ms_per_mb, rel=1e-3)
             deleted, _ = await request_v5(c, "refresh3", "monitors/delete", {"monitor": "big"})

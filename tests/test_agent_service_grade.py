@@ -26,6 +26,7 @@ from test_agent_contract import SMALL
 from test_web_client import monitors_on, page_with_client, web_agent  # noqa: F401 - web_agent: a fixture
 
 from agent.analysis import Analysis, AnalysisPool
+from agent.book import MonitorBook
 from agent.config import Broker, MetricsSettings, load_config
 from agent.metrics import Metrics
 from agent.mqtt_link import MqttLink
@@ -203,7 +204,7 @@ def test_an_answer_the_disk_has_not_taken_is_neither_retained_nor_listed_fault_m
         assert [json.loads(m.payload)["seq"] for m in reg.retained()] == [3]
         reloaded = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: None)
         reloaded.load()
-        assert reloaded.table.last_seq >= 3
+        assert reloaded.book.table.last_seq >= 3
 
     asyncio.run(scenario())
 
@@ -278,7 +279,7 @@ def test_one_owner_cannot_take_every_monitor_of_the_device(tmp_path: Path):
 def test_the_default_metrics_do_not_tell_whether_a_gpu_was_calibrated(tmp_path: Path):
     def metrics(device_state: bool) -> str:
         m = Metrics(MetricsSettings(device_state=device_state),
-                    MonitorRegistry(tmp_path, MonitorRules(), 10, Topics(f"daop/{DEV}/"), lambda *m: None),
+                    MonitorBook(MonitorRules(), 10),
                     AnalysisPool(tmp_path), asyncio.Event(), tmp_path)
         return generate_latest(m.registry).decode()
 
@@ -315,7 +316,7 @@ def test_a_registry_holds_the_monitors_it_loads(tmp_path: Path):
         again = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: sent.extend(m))
         again.load()
         assert await again.evaluate(1.0, PresentSpeed.at(Speed(cpu=1.7)), False) == 0
-        again.table.release()
+        again.book.table.release()
         assert await again.evaluate(2.0, PresentSpeed.at(Speed(cpu=1.7)), False) == 1
 
     asyncio.run(scenario())
@@ -525,17 +526,17 @@ def test_a_leased_monitor_is_deleted_once_its_lease_passes_unrenewed(tmp_path: P
         await reg.create("leased", [("", good, analysis)], Speed(), False, owner="app", lease_s=10.0)
         await reg.create("kept", [("", good, analysis)], Speed(), False, owner="app")
         assert await reg.expire(start + 5) == []
-        assert reg.renew(["leased", "kept", "nobody"], "other", start + 5) == ([], ["leased", "kept", "nobody"])
-        assert reg.renew(["leased", "kept", "nobody"], "app", start + 5) == (["leased", "kept"], ["nobody"])
+        assert reg.book.renew(["leased", "kept", "nobody"], "other", start + 5) == ([], ["leased", "kept", "nobody"])
+        assert reg.book.renew(["leased", "kept", "nobody"], "app", start + 5) == (["leased", "kept"], ["nobody"])
         assert await reg.expire(start + 14) == []  # renewed at +5: lives to +15
         sent.clear()
         assert await reg.expire(start + 16) == ["leased"]
-        assert sorted(reg.records) == ["kept"] and not (tmp_path / "monitors" / "leased.json").exists()
+        assert sorted(reg.book.records) == ["kept"] and not (tmp_path / "monitors" / "leased.json").exists()
         assert [(m.topic, m.payload) for m in sent] == [("daop/d/client/app/monitors/leased/state", b"")]
         assert await reg.expire(start + 1e6) == []  # no lease: lives until deleted
         reloaded = MonitorRegistry(tmp_path, MonitorRules(dwell_s=0.0), 10, Topics("daop/d/"), lambda *m: None)
         reloaded.load()
-        assert reloaded.records["kept"].lease_s is None
+        assert reloaded.book.records["kept"].lease_s is None
 
     asyncio.run(scenario())
 

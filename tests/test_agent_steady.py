@@ -49,4 +49,4 @@ async def test_agent_on_a_vm_fixture_tree_skips_samples_inside_the_band_and_hand
         await until(task, lambda: loaded() and agent.speed.state.cpu.demand > 3.0)
         first = loaded()[0]
         assert first.since < loaded_at  # the sample before it predates the load: no sample that saw it was skipped
-        assert agent.registry.table.meets("m")  # far from its edge: the load moves no answer
+        assert agent.registry.book.table.meets("m")  # far from its edge: the load moves no answer

@@ -220,7 +220,7 @@ def test_a_change_the_disk_refuses_is_held_and_sent_in_order_once_saving_works_f
         sent.clear()
         with pytest.raises(Exception) as refused:
             await reg.create("n", [("", Requirement.parse({"requiredTier": "good"}), analysis)], Speed(), False)
-        assert getattr(refused.value, "code", None) == "storage" and "n" not in reg.records
+        assert getattr(refused.value, "code", None) == "storage" and "n" not in reg.book.records
         assert await reg.evaluate(11.0, AT_REST_PRESENT, True) == 0 and sent == []  # retried, still refused
         seq_file.rmdir()
         assert await reg.evaluate(12.0, AT_REST_PRESENT, True) == 0  # retried: saved, then the held messages go

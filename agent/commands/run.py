@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("--web-port needs --local-broker; to serve web pages through your own broker, give it a "
                        "websockets listener (docs/web.md)")
     setup_logging(args.log_level)
-    from agent.service import Agent  # noqa: PLC0415 - the service's imports (aiomqtt, the probes) only for `run`
+    from agent.service import run_agent  # noqa: PLC0415 - the service's imports (aiomqtt, the probes) only for `run`
 
     try:
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("web pages: %s, password required (daop-agent web-credentials --state-dir %s)",
                      broker.web_url, cfg.state_dir)
     try:
-        return asyncio.run(Agent(cfg).run())
+        return asyncio.run(run_agent(cfg))
     finally:
         if broker is not None:
             broker.stop()
