@@ -183,11 +183,12 @@ class PowerProfiles:
         self._poll = poll or PpdWatcher(interval_s)
         self._answer: PpdAnswer | None = None
         self._read = threading.Event()  # the first connection read the daemon (or could not connect)
+        self._stop = asyncio.Event()  # set in the watching thread's loop (close)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         if self.address is not None and _dbus_fast() is not None:
-            self._thread = threading.Thread(target=self._run, name="daop-ppd", daemon=True)
+            self._loop = asyncio.new_event_loop()  # made here: a close() before the thread runs still reaches it
+            self._thread = threading.Thread(target=self._run, args=(self._loop,), name="daop-ppd", daemon=True)
             self._thread.start()
         else:
             self._read.set()
@@ -201,20 +202,21 @@ class PowerProfiles:
         return self._answer if self.following else self._poll.wait(timeout)
 
     def close(self) -> None:
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            with contextlib.suppress(RuntimeError):  # its loop has ended already
-                loop.call_soon_threadsafe(stop.set)
-        if self._thread is not None:
-            self._thread.join(2.0)
+        if self._loop is None or self._thread is None:
+            return
+        with contextlib.suppress(RuntimeError):  # its loop has ended already
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(2.0)
 
     # -- the watching thread --------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        asyncio.run(self._follow_forever())
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_until_complete(self._follow_forever())
+        finally:
+            loop.close()
 
     async def _follow_forever(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         while not self._stop.is_set():
             try:
                 await self._follow()
@@ -234,15 +236,18 @@ class PowerProfiles:
         try:
             rereads: set[asyncio.Task[None]] = set()
 
+            def reread() -> None:
+                task = asyncio.get_running_loop().create_task(self._reread(bus))
+                rereads.add(task)
+                task.add_done_callback(rereads.discard)
+
             def on_message(message: Any) -> None:
                 if message.message_type != dbus.MessageType.SIGNAL:
                     return
                 if message.member == "PropertiesChanged" and message.body[0] in {i for _, _, i in PPD_NAMES}:
                     _, changed, invalidated = message.body
                     if invalidated:
-                        task = asyncio.get_running_loop().create_task(self._reread(bus))
-                        rereads.add(task)
-                        task.add_done_callback(rereads.discard)
+                        reread()
                     else:
                         old = self._answer or PpdAnswer(None, None)
                         profile = _text(changed, "ActiveProfile")
@@ -250,9 +255,7 @@ class PowerProfiles:
                         self._set(PpdAnswer(old.active_profile if profile is None else parse_word(profile),
                                             old.degraded if degraded is None else degraded))
                 elif message.member == "NameOwnerChanged":  # ppd started, restarted or left
-                    task = asyncio.get_running_loop().create_task(self._reread(bus))
-                    rereads.add(task)
-                    task.add_done_callback(rereads.discard)
+                    reread()
 
             bus.add_message_handler(on_message)
             for rule in _match_rules():
@@ -260,9 +263,7 @@ class PowerProfiles:
             await self._reread(bus)
             self.following = True
             self._read.set()
-            stop = self._stop
-            assert stop is not None
-            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(bus.wait_for_disconnect())}
+            waits = {asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(bus.wait_for_disconnect())}
             done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()

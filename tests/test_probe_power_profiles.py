@@ -57,6 +57,14 @@ async def test_private_bus_a_daemon_that_starts_or_leaves_later_is_read_then(bus
         profiles.close()
 
 
+async def test_private_bus_a_close_at_once_ends_the_watching_thread(bus_address: str):
+    profiles = PowerProfiles(address=bus_address)
+    started = time.monotonic()
+    profiles.close()  # before it has connected
+    assert profiles._thread is not None and not profiles._thread.is_alive()
+    assert time.monotonic() - started < 1.5
+
+
 async def test_no_bus_at_the_address_the_daemon_is_polled_instead(tmp_path: Path):
     profiles = PowerProfiles(address=f"unix:path={tmp_path / 'none'}", interval_s=30.0,
                              poll=PpdWatcher(query=lambda: PpdAnswer("polled", "")))
