@@ -186,7 +186,7 @@ class Sampler:
         # set when the device says something changed (ppd's signals, the kernel's power-supply and thermal
         # uevents): the sampling thread samples at once
         self.changed = threading.Event()
-        follow_ppd = real_sys or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")) if ppd is None else ppd
+        follow_ppd = (real_sys or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"))) if ppd is None else ppd
         self.ppd = PowerProfiles(self.changed.set) if follow_ppd else None
         self.uevents = Uevents(self.changed.set) if real_sys else None  # the kernel's events are the real /sys's
         self.thermal = ThermalProbe(self.sys_files)

@@ -49,10 +49,13 @@ class Uevents:
         self._sock: socket.socket | None = None
         self._wake_r, self._wake_w = os.pipe()
         self._thread: threading.Thread | None = None
+        sock = None
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT)
             sock.bind((0, KERNEL_GROUP))
         except (OSError, AttributeError) as exc:  # AttributeError: a platform without AF_NETLINK
+            if sock is not None:
+                sock.close()
             log.debug("kernel uevents: not heard (%s); power supplies and thermal zones read each sample only", exc)
             return
         self._sock = sock

@@ -223,7 +223,7 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
                 emit({"kind": "status", "t": round(now(), 2), "sees": _seen(state), "predicted_slowdown":
                       round(sp.cpu, 2), "agent_slowdown": round(agent.speed.speed.cpu, 2), "reasons": list(sp.reasons),
                       "tiers": dict(tiers), "apps": {m: runs[-1][1] for m, runs in timeline.runs.items() if runs},
-                      "estimates_ms": agent.registry.book.estimates_ms(),
+                      "estimates_ms": agent.book.estimates_ms(),
                       "monitor_slowdown": _monitor_slowdowns(agent), "measured": _measured(agent),
                       "meets": {m: timeline.value_at(m, now()) for m in timeline.created}})
                 if tier_task is None or tier_task.done():
@@ -258,8 +258,8 @@ async def _drive(scenario: Scenario, device: SimulatedDevice, daop: DaopClient, 
 
 def _monitor_slowdowns(agent: Agent) -> dict[str, float]:
     """The CPU slowdown each monitor is priced at (an app's own run left out of its own monitor's)."""
-    table = agent.registry.book.table
-    return {monitor: round(table.speed_of(monitor).cpu, 2) for monitor in agent.registry.book.records}
+    table = agent.book.table
+    return {monitor: round(table.speed_of(monitor).cpu, 2) for monitor in agent.book.records}
 
 
 def _measured(agent: Agent) -> dict[str, float | None] | None:
