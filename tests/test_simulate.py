@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -350,9 +351,13 @@ def test_shipped_scenario_passes(name, calibrated_dir):
     outcome, records = simulate(REPO / "scenarios" / f"{name}.toml", calibrated_dir, SHIPPED_SPEEDS[name])
     assert outcome.passed, failed(outcome, records)
     if name == "video-call":  # the app alone (t = 5 to 11) is no contention against its own monitor
-        own = sorted(r["monitor_slowdown"]["blur"] for r in records
-                     if r["kind"] == "status" and 5 <= r["t"] <= 11 and "blur" in r.get("monitor_slowdown", {}))
-        assert own and own[len(own) // 2] <= 1.2 and own[int(0.9 * len(own))] <= 1.6, own
+        # the device as everyone else sees it carries the app's 1.5 busy cores (about 2.8x); the app's own
+        # monitor leaves them out. Compared within the run: the host's other work moves both alike.
+        quiet = [r for r in records if r["kind"] == "status" and 5 <= r["t"] <= 11 and "blur" in r["monitor_slowdown"]]
+        own = statistics.median(r["monitor_slowdown"]["blur"] for r in quiet)
+        device = statistics.median(r["agent_slowdown"] for r in quiet)
+        assert device >= 2.0 and own <= 0.6 * device, [(r["monitor_slowdown"]["blur"], r["agent_slowdown"])
+                                                        for r in quiet]
 
 
 @pytest.mark.slow
