@@ -3,10 +3,16 @@
 Batteries are not always BAT0 (CMB1, BATT, ...), adapters not always AC
 (ADP1, ACAD, ucsi-source-psy-...). Peripheral batteries (a mouse, a
 headset: `scope` Device) do not power this device and are ignored.
+
+Where the kernel's power-supply uevents are heard (probes/uevents.py), the probe reads sysfs when one says
+something changed and otherwise every `every_s` only: an ACPI battery's files are answered by the embedded
+controller, which a read each second keeps awake.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from probes.sysfs import STATIC_TTL_S, KernelFiles, parse_int, parse_word, take
@@ -68,12 +74,28 @@ def _parse_status(text: str) -> str | None:
 
 
 class PowerSupplyProbe:
+    """`every_s`: how long a reading stands unless `sample(changed=True)` (0: read at every sample)."""
+
     BASE = "class/power_supply"
 
-    def __init__(self, files: KernelFiles) -> None:
+    def __init__(self, files: KernelFiles, every_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.files = files
+        self.every_s = every_s
+        self.clock = clock
+        self._last: tuple[float, PowerSupplyState] | None = None
 
-    def sample(self) -> PowerSupplyState:
+    def sample(self, changed: bool = False) -> PowerSupplyState:
+        """The power supplies now: read again when `changed` (a uevent said so) or the last reading is
+        `every_s` old, else the last reading."""
+        now = self.clock()
+        if not changed and self._last is not None and now - self._last[0] < self.every_s:
+            return self._last[1]
+        state = self._read()
+        self._last = (now, state)
+        return state
+
+    def _read(self) -> PowerSupplyState:
         stale: dict[str, float] = {}
         batteries: list[Battery] = []
         adapters: list[Adapter] = []

@@ -31,6 +31,9 @@ from probes.tree_cpu import TreeCpu
 from probes.uevents import Uevents
 
 TICKS_PER_SAMPLE = 10  # run-queue snapshots (Sampler.tick) per sample interval
+# How long a power-supply reading stands where the kernel's uevents say when one changes (a battery's level
+# moves by a percent in minutes); read every sample where they are not heard.
+POWER_SUPPLY_EVERY_S = 30.0
 ONE_SHOT_WINDOW_S = 0.2  # the window a one-shot reader samples over (load is a delta between two samples)
 
 
@@ -161,7 +164,9 @@ class Sampler:
     `nvml`: a pynvml-like module (tests pass a stand-in); None imports pynvml
     when this is the real device, and skips GPUs on a fixture tree unless
     `gpus=True`. power-profiles-daemon is followed on the real device, or wherever $DBUS_SYSTEM_BUS_ADDRESS
-    names a system bus (the tests' private one); the kernel's uevents are heard on the real device only.
+    names a system bus (the tests' private one); the kernel's uevents are heard on the real device only
+    (`uevents=True`: on a fixture tree too). Where they are heard, the power supplies are read when one
+    changes and every POWER_SUPPLY_EVERY_S otherwise.
     `own_pids`: pids whose GPU and NPU clients are the agent's own, beside this process and its
     descendants (which count on the real /proc only).
     """
@@ -174,6 +179,7 @@ class Sampler:
         *,
         gpus: bool | None = None,
         ppd: bool | None = None,
+        uevents: bool | None = None,
         stale_after_s: float = 60.0,
         own_pids: Callable[[], Collection[int]] | None = None,
     ) -> None:
@@ -186,11 +192,14 @@ class Sampler:
         # set when the device says something changed (ppd's signals, the kernel's power-supply and thermal
         # uevents): the sampling thread samples at once
         self.changed = threading.Event()
+        self._supplies_changed = True  # a power-supply uevent since the last sample (read at the first)
         follow_ppd = (real_sys or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"))) if ppd is None else ppd
         self.ppd = PowerProfiles(self.changed.set) if follow_ppd else None
-        self.uevents = Uevents(self.changed.set) if real_sys else None  # the kernel's events are the real /sys's
+        follow_uevents = real_sys if uevents is None else uevents  # the kernel's events are the real /sys's
+        self.uevents = Uevents(self.heard) if follow_uevents else None
         self.thermal = ThermalProbe(self.sys_files)
-        self.power_supply = PowerSupplyProbe(self.sys_files)
+        heard = self.uevents is not None and self.uevents.listening
+        self.power_supply = PowerSupplyProbe(self.sys_files, every_s=POWER_SUPPLY_EVERY_S if heard else 0.0)
         self.power_mode = PowerModeProbe(self.sys_files, self.ppd)
         tree = ProcessTree(self.proc_files, os.getpid() if real_proc else None, own_pids)
         self.cpu = CpuProbe(self.sys_files, self.proc_files, own=TreeCpu(self.proc_files, tree) if real_proc else None)
@@ -211,9 +220,10 @@ class Sampler:
         notes += more
         if not os.path.isdir(self.sys_files.path("class")):
             notes.append(f"sysfs: nothing at {self.sys_files.root}")
+        supplies_changed, self._supplies_changed = self._supplies_changed, False  # cleared before the read
         return DeviceState(
             thermal=self.thermal.sample(),
-            battery=self.power_supply.sample(),
+            battery=self.power_supply.sample(changed=supplies_changed),
             power=self.power_mode.sample(),
             cpu=self.cpu.sample(),
             memory=self.memory.sample(),
@@ -221,6 +231,12 @@ class Sampler:
             accelerators=accelerators,
             notes=tuple(notes),
         )
+
+    def heard(self, subsystem: str | None) -> None:
+        """A kernel uevent of `subsystem` (None: some were lost): sample now, reading the power supplies again."""
+        if subsystem != "thermal":
+            self._supplies_changed = True
+        self.changed.set()
 
     def track(self, pids: frozenset[int]) -> None:
         """Measure these apps' process trees too (CpuState.tracked): they run monitored workloads here."""

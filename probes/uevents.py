@@ -40,10 +40,10 @@ def parse(datagram: bytes) -> dict[str, str] | None:
 
 
 class Uevents:
-    """Tells `on_event` (from its own thread) of each kernel uevent of `subsystems`. `listening`: the socket is
-    open; `close()` ends the thread."""
+    """Tells `on_event` (from its own thread) of each kernel uevent of `subsystems`, with its subsystem (None:
+    events were lost, any may have changed). `listening`: the socket is open; `close()` ends the thread."""
 
-    def __init__(self, on_event: Callable[[], None], subsystems: Collection[str] = SUBSYSTEMS) -> None:
+    def __init__(self, on_event: Callable[[str | None], None], subsystems: Collection[str] = SUBSYSTEMS) -> None:
         self.on_event = on_event
         self.subsystems = frozenset(subsystems)
         self._sock: socket.socket | None = None
@@ -90,8 +90,8 @@ class Uevents:
                 datagram = self._sock.recv(RECEIVE_BYTES)
             except OSError as exc:  # ENOBUFS: events were lost while the thread was away; look now
                 log.debug("kernel uevents: %s", exc)
-                self.on_event()
+                self.on_event(None)
                 continue
             keys = parse(datagram)
             if keys is not None and keys.get("SUBSYSTEM") in self.subsystems:
-                self.on_event()
+                self.on_event(keys["SUBSYSTEM"])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent.simulation.trees import desktop, laptop, server, vm
 from probes.power_supply import Battery, PowerSupplyProbe, combined_percent
+from probes.state import Sampler
 from probes.sysfs import KernelFiles
 
 
@@ -88,3 +91,52 @@ def test_laptop_fixture_tree_garbage_capacity_is_last_good(tmp_path):
 def test_combined_percent_unknown_when_nothing_known():
     assert combined_percent([Battery("BAT0", None, None)]) is None
     assert combined_percent([]) is None
+
+
+def test_laptop_fixture_tree_a_reading_stands_for_every_s_unless_a_uevent_says_a_supply_changed(tmp_path):
+    tree = laptop(tmp_path)
+    now = [0.0]
+    supplies = PowerSupplyProbe(KernelFiles(tree.sys), every_s=30.0, clock=lambda: now[0])
+    assert supplies.sample().plugged is False
+    tree.set("class/power_supply/ADP1/online", "1")  # the charger goes in
+    now[0] = 10.0
+    assert supplies.sample().plugged is False  # not read again: no uevent said so
+    assert supplies.sample(changed=True).plugged is True
+    tree.set("class/power_supply/ADP1/online", "0")
+    now[0] = 39.0
+    assert supplies.sample().plugged is True  # 29 s after the last read
+    now[0] = 41.0
+    assert supplies.sample().plugged is False  # 31 s: read again without being told
+
+
+def test_laptop_fixture_tree_sampler_rereads_supplies_on_a_power_supply_uevent_only(tmp_path):
+    """The sampler's wiring: a power-supply uevent (or lost events) has the next sample read the supplies again;
+    a thermal one does not. The uevent socket is the real kernel's, opened on a fixture tree (`uevents=True`)."""
+    tree = laptop(tmp_path)
+    sampler = Sampler(tree.sys, tree.proc, uevents=True)
+    try:
+        if sampler.uevents is None or not sampler.uevents.listening:
+            pytest.skip("no netlink uevent socket here: the supplies are read at every sample")
+        assert sampler.sample().battery.plugged is False
+        tree.set("class/power_supply/ADP1/online", "1")
+        assert sampler.sample().battery.plugged is False
+        sampler.heard("thermal")
+        assert sampler.changed.is_set() and sampler.sample().battery.plugged is False
+        sampler.heard("power_supply")
+        assert sampler.sample().battery.plugged is True
+        tree.set("class/power_supply/ADP1/online", "0")
+        sampler.heard(None)  # events were lost: any supply may have changed
+        assert sampler.sample().battery.plugged is False
+    finally:
+        sampler.close()
+
+
+def test_laptop_fixture_tree_without_uevents_supplies_are_read_at_every_sample(tmp_path):
+    tree = laptop(tmp_path)
+    sampler = Sampler(tree.sys, tree.proc)  # a fixture tree: no uevents
+    try:
+        assert sampler.uevents is None and sampler.sample().battery.plugged is False
+        tree.set("class/power_supply/ADP1/online", "1")
+        assert sampler.sample().battery.plugged is True
+    finally:
+        sampler.close()

@@ -32,13 +32,20 @@ def synthetic_change() -> None:
 
 def test_real_kernel_a_uevent_of_a_followed_subsystem_is_told_at_once_and_others_are_not():
     heard, others = threading.Event(), threading.Event()
-    net, supplies = Uevents(heard.set, {"net"}), Uevents(others.set)  # the second: power supplies and thermal only
+    told: list[str | None] = []
+
+    def hear(subsystem: str | None) -> None:
+        told.append(subsystem)
+        heard.set()
+
+    net, supplies = Uevents(hear, {"net"}), Uevents(lambda _: others.set())  # the second: supplies and thermal
     try:
         if not net.listening:
             pytest.skip("no netlink uevent socket here")
         sent = time.monotonic()
         synthetic_change()
         assert heard.wait(5.0) and time.monotonic() - sent < 1.0
+        assert told[0] == "net"  # the subsystem comes with it
         assert not others.wait(0.2)
     finally:
         net.close()
