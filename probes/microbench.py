@@ -541,11 +541,6 @@ class MemoryLevels:
     stream_bytes_per_s: float  # the read rate beyond it, from memory
     rates: tuple[tuple[int, float], ...]  # (working set, bytes per second), as measured
 
-    def rate_at(self, size: int) -> float:
-        """The read rate over a working set of `size` bytes: log-log between the sizes measured."""
-        sizes, rates = np.log(np.asarray(self.rates, dtype=np.float64)).T
-        return float(np.exp(np.interp(math.log(size), sizes, rates)))
-
 
 # The largest working set the memory sweep reads: 1 GiB, or four times the reported cache where that is more (at
 # most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
@@ -689,11 +684,6 @@ class FloatReads:
     weights at this rate relative to the sweep's at this working set (CostModel.read_share), as it does
     block-quantized ones (QuantizedReads). The weights reach the session from memory
     (add_external_initializers): no model file, no 2 GB protobuf limit. Made once; each pass times it again.
-
-    What it gives is a ratio, the chain's rate over the sweep's product reading the same bytes, the two timed
-    in turn (`share`): a shared host's bandwidth moves between phases seconds long (41 and 49 GB/s on a 2-core
-    AMD EPYC VM, a minute apart), and the fastest chain of one moment over the fastest sweep of another read
-    1.40 where the decode steps it priced read 1.15.
     """
 
     K, N = 1024, 8192  # 32 MiB of weights a kernel (STREAM_BLOCK), as an LM head's slice or a 7B model's projection
@@ -727,24 +717,17 @@ class FloatReads:
         so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(w) for w in self.weights])
         self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.x = np.full((1, self.K), 0.5, np.float32)
-        rows = self.bytes // (4 * SWEEP_WIDTH)  # the same bytes, as the sweep reads them
-        self.sweep = _vector_matrix_session(SWEEP_WIDTH)
-        self.sweep_feeds = {"x": np.full((1, rows), 0.5, np.float32), "w": buffer.reshape(-1, SWEEP_WIDTH)[:rows]}
 
-    PAIRS = 7  # chain and sweep timed in turn
-
-    def share(self) -> float:
-        """The chain's read rate over the sweep's on the same bytes: the median of PAIRS pairs timed in turn."""
+    def measure(self) -> tuple[int, float, float]:
+        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest of
+        five runs."""
         self.session.run(None, {"x": self.x})
-        self.sweep.run(None, self.sweep_feeds)
-        ratios = []
-        for _ in range(self.PAIRS):
+        best = math.inf
+        for _ in range(5):
             t0 = time.perf_counter()
             self.session.run(None, {"x": self.x})
-            t1 = time.perf_counter()
-            self.sweep.run(None, self.sweep_feeds)
-            ratios.append((time.perf_counter() - t1) / (t1 - t0))
-        return float(np.median(ratios))
+            best = min(best, time.perf_counter() - t0)
+        return self.bytes, self.bytes / best, 0.0
 
 
 def _vector_matrix_session(width: int) -> ort.InferenceSession:
@@ -830,7 +813,6 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     floats: FloatReads | None = None
     buffer: np.ndarray | None = None  # the weights the sweep and FloatReads read, faulted in once
     quantized_rates: dict[str, tuple[int, float, float]] = {}
-    float_shares: list[float] = []  # FloatReads.share, one a pass
     for _ in range(passes):
         for grid, pts in plan:
             for batch, times in measure(grid, pts):
@@ -846,10 +828,9 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             sweeps.append(measure_memory(reported_cache, buffer=buffer))
             if quantized is None or floats is None:
                 quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
-            for family, reading in quantized.measure().items():
+            for family, reading in [*quantized.measure().items(), ("gemm", floats.measure())]:
                 if family not in quantized_rates or reading[1] > quantized_rates[family][1]:
                     quantized_rates[family] = reading
-            float_shares.append(floats.share())
             refreshes.append(refresh.measure(stream=True))
         done += 1 / passes
         if progress:
@@ -865,8 +846,6 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
     per_kernel, per_run = overheads(min(c[0] for c in chains), min(c[1] for c in chains))
     memory = fastest_sweep(sweeps, reported_cache) if sweeps else MemoryLevels(0, 0.0, ())
-    if floats is not None and memory.rates:  # stored as a rate: the share of the sweep's (fastest) at that size
-        quantized_rates["gemm"] = (floats.bytes, float(np.median(float_shares)) * memory.rate_at(floats.bytes), 0.0)
     return Calibration(
         fingerprint=fingerprint(device),
         tables=tables,
