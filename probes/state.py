@@ -198,8 +198,8 @@ class Sampler:
         follow_uevents = real_sys if uevents is None else uevents  # the kernel's events are the real /sys's
         self.uevents = Uevents(self.heard) if follow_uevents else None
         self.thermal = ThermalProbe(self.sys_files)
-        heard = self.uevents is not None and self.uevents.listening
-        self.power_supply = PowerSupplyProbe(self.sys_files, every_s=POWER_SUPPLY_EVERY_S if heard else 0.0)
+        listening = self.uevents is not None and self.uevents.listening
+        self.power_supply = PowerSupplyProbe(self.sys_files, every_s=POWER_SUPPLY_EVERY_S if listening else 0.0)
         self.power_mode = PowerModeProbe(self.sys_files, self.ppd)
         tree = ProcessTree(self.proc_files, os.getpid() if real_proc else None, own_pids)
         self.cpu = CpuProbe(self.sys_files, self.proc_files, own=TreeCpu(self.proc_files, tree) if real_proc else None)
