@@ -20,7 +20,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -102,6 +102,7 @@ class _Point:
     inputs: list[onnx.ValueInfoProto]
     inits: list[onnx.TensorProto]
     output: str  # the timed kernel's output; its profile entry is "<output>[_nchwc]_kernel_time"
+    weights: dict[str, np.ndarray] = field(default_factory=dict)  # large initializers, handed over from memory
 
 
 _NOISE: list[np.ndarray] = []
@@ -118,8 +119,9 @@ def _noise(shape: Iterable[int], rng: np.random.Generator) -> np.ndarray:
     return _NOISE[0][:count].reshape(shape)
 
 
-def _rand(shape: Iterable[int], name: str, rng: np.random.Generator) -> onnx.TensorProto:
-    return numpy_helper.from_array(_noise(shape, rng) * 0.05, name)
+def _rand(shape: Iterable[int], rng: np.random.Generator) -> np.ndarray:
+    """Small normal numbers of `shape`: a new array (weights that shared memory would be cached together)."""
+    return _noise(shape, rng) * 0.05
 
 
 def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator) -> _Point:
@@ -133,16 +135,16 @@ def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator
         k = 1 if taps == 1 else 3
         return _Point([helper.make_node("Conv", [x, w], [y], name=y, pads=[pad] * 4)],
                       [helper.make_tensor_value_info(x, f32, [1, cin, side, side])],
-                      [_rand((cout, cin, k, k), w, rng)], y)
+                      [], y, {w: _rand((cout, cin, k, k), rng)})
     if family == "dwconv":
         c, side, k = int(p[0]), int(round(math.sqrt(p[1]))), int(round(math.sqrt(p[2])))
         return _Point([helper.make_node("Conv", [x, w], [y], name=y, group=c, pads=[k // 2] * 4)],
                       [helper.make_tensor_value_info(x, f32, [1, c, side, side])],
-                      [_rand((c, 1, k, k), w, rng)], y)
+                      [], y, {w: _rand((c, 1, k, k), rng)})
     if family == "gemm":
         m, k, n = (int(v) for v in p)
         return _Point([helper.make_node("MatMul", [x, w], [y], name=y)],
-                      [helper.make_tensor_value_info(x, f32, [m, k])], [_rand((k, n), w, rng)], y)
+                      [helper.make_tensor_value_info(x, f32, [m, k])], [], y, {w: _rand((k, n), rng)})
     if family == "bmm":
         b, m, k, n = (int(v) for v in p)
         return _Point([helper.make_node("MatMul", [x, w], [y], name=y)],
@@ -155,9 +157,9 @@ def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator
         scale, zero = f"s_{tag}", f"z_{tag}"
         return _Point([helper.make_node("DynamicQuantizeMatMul", [x, w, scale, zero], [y], name=y, domain=MS)],
                       [helper.make_tensor_value_info(x, f32, [m, k])],
-                      [numpy_helper.from_array(_bytes((k, n), rng).view(np.int8), w),
-                       numpy_helper.from_array(np.array(0.01, np.float32), scale),
-                       numpy_helper.from_array(np.array(0, np.int8), zero)], y)
+                      [numpy_helper.from_array(np.array(0.01, np.float32), scale),
+                       numpy_helper.from_array(np.array(0, np.int8), zero)], y,
+                      {w: _bytes((k, n), rng).view(np.int8).copy()})
     if family == "gqa":
         return _gqa_point(p, x, y, tag, rng)
     if family == HOST_COPY:  # a Relu of the tensor's size (2x: its bytes moved, read and written)
@@ -183,8 +185,8 @@ def _nbits_point(p: tuple[float, ...], x: str, y: str, tag: str, rng: np.random.
     return _Point([helper.make_node("MatMulNBits", [x, w, scale], [y], name=y, domain=MS, K=k, N=n, bits=4,
                                     block_size=NBITS_BLOCK, accuracy_level=accuracy)],
                   [helper.make_tensor_value_info(x, TensorProto.FLOAT, [m, k])],
-                  [numpy_helper.from_array(_bytes((n, blocks, NBITS_BLOCK // 2), rng), w),
-                   numpy_helper.from_array(np.abs(_noise((n * blocks,), rng)) * 0.01 + 0.001, scale)], y)
+                  [], y, {w: _bytes((n, blocks, NBITS_BLOCK // 2), rng).copy(),
+                          scale: np.abs(_noise((n * blocks,), rng)) * 0.01 + 0.001})
 
 
 GQA_GROUP = 4  # query heads per KV head in the calibration (Qwen2.5: 7, SmolLM2: 3, Gemma: 4, Phi-3: 1)
@@ -253,7 +255,7 @@ def _with_params(op: str, count: int, domain: str = "", **attrs) -> Callable:
         params = [f"p{i}_{tag}" for i in range(count)]
         return _Point([helper.make_node(op, [x, *params], [y], name=y, domain=domain, **attrs)],
                       [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
-                      [_rand((shape[1],), q, rng) for q in params], y)
+                      [numpy_helper.from_array(_rand((shape[1],), rng), q) for q in params], y)
     return build
 
 
@@ -266,7 +268,7 @@ def _skip_norm(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator
                                     name=y, domain=MS, epsilon=1e-6)],
                   [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape),
                    helper.make_tensor_value_info(skip, TensorProto.FLOAT, shape)],
-                  [_rand((shape[1],), gamma, rng)], y)
+                  [numpy_helper.from_array(_rand((shape[1],), rng), gamma)], y)
 
 
 def _rotary(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
@@ -289,9 +291,8 @@ def _gather_quantized(nbytes: float, x: str, y: str, tag: str, rng: np.random.Ge
     return _Point([helper.make_node("GatherBlockQuantized", [table, x, scales], [y], name=y, domain=MS,
                                     bits=4, block_size=32, gather_axis=0, quantize_axis=1)],
                   [helper.make_tensor_value_info(x, TensorProto.INT64, [1, rows])],
-                  [numpy_helper.from_array(_bytes((GATHER_ROWS, width // 2), rng), table),
-                   numpy_helper.from_array(np.abs(_noise((GATHER_ROWS, width // 32), rng)) * 0.01 + 0.001, scales)],
-                  y)
+                  [], y, {table: _bytes((GATHER_ROWS, width // 2), rng).copy(),
+                          scales: np.abs(_noise((GATHER_ROWS, width // 32), rng)) * 0.01 + 0.001})
 
 
 GATHER_ROWS = 4096
@@ -362,13 +363,32 @@ MEMORY_OPS: dict[str, Callable[..., _Point]] = {
 
 
 def _model(points: list[_Point]) -> onnx.ModelProto:
+    """The points as one graph; their `weights` as initializers whose data `_session` hands over."""
     nodes = [n for p in points for n in p.nodes]
+    inits = [t for p in points for t in p.inits]
+    inits += [_in_memory(name, a) for p in points for name, a in p.weights.items()]
     g = helper.make_graph(nodes, "calibration", [i for p in points for i in p.inputs],
-                          [helper.make_tensor_value_info(p.output, TensorProto.FLOAT, None) for p in points],
-                          [t for p in points for t in p.inits])
+                          [helper.make_tensor_value_info(p.output, TensorProto.FLOAT, None) for p in points], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)])
     m.ir_version = IR_VERSION
     return m
+
+
+def _in_memory(name: str, array: np.ndarray) -> onnx.TensorProto:
+    """An initializer without its data, which the session is given from memory (add_external_initializers)."""
+    tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="in-memory")
+    return tensor
+
+
+def _session(points: list[_Point], so: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """A session of the points, their weights handed over from memory: copied into a protobuf, serialized and
+    parsed again, hundreds of MB of them took a quarter of a quick calibration. (`points` must outlive it.)"""
+    weights = {name: a for p in points for name, a in p.weights.items()}
+    if weights:
+        so.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
+    return ort.InferenceSession(_model(points).SerializeToString(), so, providers=providers)
 
 
 def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -386,7 +406,7 @@ def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str,
     return {i.name: feed(i) for i in session.get_inputs()}
 
 
-def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: list[str],
+def _profile(points: list[_Point], outputs: list[str], runs: int, providers: list[str],
              rng: np.random.Generator) -> dict[str, float]:
     """Each timed output's kernel time (seconds) as onnxruntime's profiler reads it, its own cost included."""
     with tempfile.TemporaryDirectory(prefix="daop-cal-") as tmp:
@@ -394,7 +414,7 @@ def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: l
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "prof")
         so.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+        session = _session(points, so, providers)
         feeds = _feeds(session, rng)
         for _ in range(runs + 1):
             session.run(None, feeds)
@@ -416,6 +436,13 @@ def _profile(model: onnx.ModelProto, outputs: list[str], runs: int, providers: l
 BIAS_PROBES = 16  # kernels that do nothing, beside the points of every profiled session
 
 
+def _do_nothing(length: int) -> _Point:
+    """A chain of `length` Relu kernels over 16 numbers: kernels that are nothing but dispatch."""
+    names = [f"bias{i + 1}" for i in range(length)]
+    return _Point([helper.make_node("Relu", [f"bias{i}"], [n], name=n) for i, n in enumerate(names)],
+                  [helper.make_tensor_value_info("bias0", TensorProto.FLOAT, [16])], [], names[-1])
+
+
 def _profile_points(points: list[_Point], runs: int, providers: list[str],
                     rng: np.random.Generator) -> dict[str, float]:
     """Each point's own kernel time (seconds): the profiler's reading less the profiler's own cost per
@@ -426,10 +453,9 @@ def _profile_points(points: list[_Point], runs: int, providers: list[str],
     that reads no more than it costs next to nothing beyond its dispatch, which the per-kernel
     overhead (wall clock, below) prices.
     """
-    names = [f"bias{i + 1}" for i in range(BIAS_PROBES)]
-    probe = _Point([helper.make_node("Relu", [f"bias{i}"], [n], name=n) for i, n in enumerate(names)],
-                   [helper.make_tensor_value_info("bias0", TensorProto.FLOAT, [16])], [], names[-1])
-    read = _profile(_model(points + [probe]), [p.output for p in points] + names, runs, providers, rng)
+    probe = _do_nothing(BIAS_PROBES)
+    names = [n.output[0] for n in probe.nodes]
+    read = _profile(points + [probe], [p.output for p in points] + names, runs, providers, rng)
     bias = float(np.mean([read[n] for n in names if n in read] or [0.0]))  # the mean: whole microseconds
     return {p.output: max(read[p.output] - bias, 1e-8) for p in points if p.output in read}
 
@@ -441,8 +467,8 @@ def _gpu_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dic
     point gets a session of its own, timed around a synchronised run with
     IOBinding (no host copies), less the time of an empty such run.
     """
-    empty = _gpu_run_time(_chain_model(1), runs, rng, bound=True)
-    return {p.output: max(_gpu_run_time(_model([p]), runs, rng, bound=True) - empty, 1e-7) for p in points}
+    empty = _gpu_run_time([_do_nothing(1)], runs, rng, bound=True)
+    return {p.output: max(_gpu_run_time([p], runs, rng, bound=True) - empty, 1e-7) for p in points}
 
 
 def _host_copy_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dict[str, float]:
@@ -450,18 +476,17 @@ def _host_copy_times(points: list[_Point], runs: int, rng: np.random.Generator) 
     host memory, as an app's runs are, less the same run bound in GPU memory, halved (one tensor in, one out)."""
     out = {}
     for p in points:
-        model = _model([p])
-        host = _gpu_run_time(model, runs, rng, bound=False)
-        out[p.output] = max((host - _gpu_run_time(model, runs, rng, bound=True)) / 2, 1e-7)
+        host = _gpu_run_time([p], runs, rng, bound=False)
+        out[p.output] = max((host - _gpu_run_time([p], runs, rng, bound=True)) / 2, 1e-7)
     return out
 
 
-def _gpu_run_time(model: onnx.ModelProto, runs: int, rng: np.random.Generator, bound: bool) -> float:
-    """The fastest of `runs` synchronised runs of `model` on the CUDA provider, after two that warm it up.
+def _gpu_run_time(points: list[_Point], runs: int, rng: np.random.Generator, bound: bool) -> float:
+    """The fastest of `runs` synchronised runs of `points` on the CUDA provider, after two that warm it up.
     `bound`: inputs and outputs in GPU memory (IOBinding); else fed from host memory, as an app feeds it."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    s = _session(points, so, ["CUDAExecutionProvider"])
     feeds = _feeds(s, rng)
     io = s.io_binding()
     for name, value in feeds.items():
@@ -483,23 +508,12 @@ def _gpu_run_time(model: onnx.ModelProto, runs: int, rng: np.random.Generator, b
     return min(run() for _ in range(runs))
 
 
-def _chain_model(length: int, size: int = 16) -> onnx.ModelProto:
-    """A chain of `length` Relu kernels over `size` numbers (16: kernels that are nothing but dispatch)."""
-    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"t{i + 1}") for i in range(length)]
-    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [size])],
-                          [helper.make_tensor_value_info(f"t{length}", TensorProto.FLOAT, [size])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
-    m.ir_version = IR_VERSION
-    return m
-
-
-def _chain_time(length: int, providers: list[str], rng: np.random.Generator, reps: int, size: int = 16) -> float:
-    """Wall-clock low quantile of one run of a chain of `length` kernels over `size` numbers."""
-    m = _chain_model(length, size)
+def _chain_time(length: int, providers: list[str], rng: np.random.Generator, reps: int) -> float:
+    """Wall-clock low quantile of one run of a chain of `length` kernels that do nothing."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    s = ort.InferenceSession(m.SerializeToString(), so, providers=providers)
-    feed = {"t0": rng.standard_normal(size).astype(np.float32)}
+    s = _session([_do_nothing(length)], so, providers)
+    feed = _feeds(s, rng)
     for _ in range(20):
         s.run(None, feed)
     samples = []
@@ -546,17 +560,18 @@ class MemoryLevels:
 # most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
 # about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
 # 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
-# Faulting the buffer in is what costs (about 2 s a GiB of system time on a VM): it is made once a calibration.
+# Faulting the buffer in is what costs (about 2 s a GiB of system time on a VM): it is made once a calibration,
+# and a quick one makes half of it (where 4x the cache is less), where the rate has settled on those hosts.
 STREAM_BYTES = 2 ** 30
 SWEEP_WIDTH = 4096  # the sweep's weights are k x SWEEP_WIDTH float32
 STREAM_BLOCK = 2 ** 25  # each 32 MiB of the buffer holds its own value: onnxruntime shares equal initializers
 
 
-def stream_buffer(reported_cache: int, largest: int | None = None) -> np.ndarray:
+def stream_buffer(reported_cache: int, largest: int | None = None, quick: bool = False) -> np.ndarray:
     """The weights that the memory sweep and FloatReads read: rows of SWEEP_WIDTH float32, each block of
-    STREAM_BLOCK bytes filled with a value of its own."""
+    STREAM_BLOCK bytes filled with a value of its own (`quick`: half of STREAM_BYTES, above)."""
     if largest is None:
-        largest = min(max(STREAM_BYTES, 4 * reported_cache), 4 * STREAM_BYTES)
+        largest = min(max(STREAM_BYTES // (2 if quick else 1), 4 * reported_cache), 4 * STREAM_BYTES)
     size = min(largest, psutil.virtual_memory().available // 4)
     row = 4 * SWEEP_WIDTH
     buffer = np.empty((max(size // row, 1), SWEEP_WIDTH), np.float32)
@@ -638,6 +653,7 @@ class QuantizedReads:
         self.bytes = columns * per_column
         self.x = np.full((1, self.k), 0.5, np.float32)
         self.sessions: dict[tuple[str, int], ort.InferenceSession] = {}
+        self.points: list[_Point] = []
         for family, accuracy in (("nbits", 4), ("nbits_f", 1)):
             for count in (self.SMALL, self.LARGE):
                 self.sessions[(family, count)] = self._chain(count, columns // count, accuracy, rng)
@@ -645,13 +661,12 @@ class QuantizedReads:
     def _chain(self, count: int, n: int, accuracy: int, rng: np.random.Generator) -> ort.InferenceSession:
         """`count` MatMulNBits of x [1, K] by K x n weights each, all reading the same x (independent kernels)."""
         points = [_nbits_point((1, self.k, n), "x", f"y{i}", f"c{i}", rng, accuracy) for i in range(count)]
-        for point in points:
-            point.inputs.clear()
-        model = _model(points)
-        model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.k]))
+        for point in points[1:]:
+            point.inputs.clear()  # the first point's x is the graph's one input
+        self.points += points  # their weights are the sessions'
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return _session(points, so, ["CPUExecutionProvider"])
 
     def measure(self) -> dict[str, tuple[int, float, float]]:
         """family -> (working set bytes, bytes per second, seconds per kernel), from the fastest of five runs
@@ -690,32 +705,20 @@ class FloatReads:
 
     def __init__(self, reported_cache: int, buffer: np.ndarray) -> None:
         """Weights: views of `buffer` (stream_buffer, whose blocks differ: onnxruntime shares equal initializers,
-        and one matrix read many times stays in the cache), 512 MiB of it, or four times the reported cache
-        where that is more (on the Xeon below, 415 MiB read as fast as 1.6 GiB)."""
+        and one matrix read many times stays in the cache), half of it (512 MiB of a full calibration's), or four
+        times the reported cache where that is more (on the Xeon below, 415 MiB read as fast as 1.6 GiB)."""
         per_kernel = 4 * self.K * self.N
-        total = min(max(STREAM_BYTES // 2, 4 * reported_cache), buffer.nbytes)
+        total = min(max(buffer.nbytes // 2, 4 * reported_cache), buffer.nbytes)
         count = max(1, total // per_kernel)
         self.bytes = count * per_kernel
         flat = buffer.reshape(-1)
-        self.weights = [flat[i * self.K * self.N:(i + 1) * self.K * self.N].reshape(self.K, self.N)
-                        for i in range(count)]
-        names = [f"w{i}" for i in range(count)]
-        inits = []
-        for name in names:
-            tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[self.K, self.N])
-            tensor.data_location = TensorProto.EXTERNAL
-            tensor.external_data.add(key="location", value="in-memory")
-            inits.append(tensor)
-        nodes = [helper.make_node("MatMul", ["x", name], [f"y{i}"]) for i, name in enumerate(names)]
-        outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, self.N]) for i in range(count)]
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.K])
-        g = helper.make_graph(nodes, "float_reads", [x], outs, inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
-        m.ir_version = IR_VERSION
+        self.points = [_Point([helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"y{i}")], [], [], f"y{i}",
+                              {f"w{i}": flat[i * self.K * self.N:(i + 1) * self.K * self.N].reshape(self.K, self.N)})
+                       for i in range(count)]
+        self.points[0].inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.K]))
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(w) for w in self.weights])
-        self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.session = _session(self.points, so, ["CPUExecutionProvider"])
         self.x = np.full((1, self.K), 0.5, np.float32)
 
     def measure(self) -> tuple[int, float, float]:
@@ -824,7 +827,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             if buffer is None:
-                buffer = stream_buffer(reported_cache)
+                buffer = stream_buffer(reported_cache, quick=quick)
             sweeps.append(measure_memory(reported_cache, buffer=buffer))
             if quantized is None or floats is None:
                 quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
