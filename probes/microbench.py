@@ -596,8 +596,8 @@ def memory_sweep_sizes(reported_cache: int, cap: int) -> list[int]:
 def measure_memory(reported_cache: int, reads: int = 2 ** 28, buffer: np.ndarray | None = None) -> MemoryLevels:
     """onnxruntime's vector-matrix products (a decode step's MatMul) over working sets that grow by a
     factor of sqrt(2) from 1 MiB to eight times the reported cache, then by factors of 2 up to the size of
-    `buffer` (stream_buffer: 1 GiB, or more for a large cache): the read rate drops where the
-    cache ends, over a factor of several (a cyclic read a little beyond it still hits it in part; on a
+    `buffer` (stream_buffer: 1 GiB, half in a quick calibration, more for a large cache): the read rate
+    drops where the cache ends, over a factor of several (a cyclic read a little beyond it still hits it in part; on a
     2-core AMD EPYC VM with a 32 MiB L3 reported, it fell from 70 GB/s at 11 MiB to 33 at 64 MiB and settled
     at 30 from 128 MiB).
 
