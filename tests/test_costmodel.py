@@ -267,8 +267,9 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
     rng = np.random.default_rng(0)
     points = [_point("Relu", (256.0,), "small", rng), _point("gemm", (64.0, 256.0, 256.0), "big", rng)]
     cpu = ["CPUExecutionProvider"]
-    own = _profile_points(points, 3, cpu, rng)
-    read = _profile(points, [p.output for p in points], 3, cpu, rng)
+    # the fastest of 20 runs in each session: the two sessions are compared, and other work only ever adds time
+    own = _profile_points(points, 20, cpu, rng)
+    read = _profile(points, [p.output for p in points], 20, cpu, rng)
     assert set(own) == {"y_small", "y_big"}
     assert own["y_small"] < 0.5 * read["y_small"]  # a kernel that does next to nothing: mostly the profiler
     assert own["y_big"] > 10 * own["y_small"]
