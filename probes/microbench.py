@@ -384,11 +384,14 @@ def _in_memory(name: str, array: np.ndarray) -> onnx.TensorProto:
 
 def _session(points: list[_Point], so: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session of the points, their weights handed over from memory: copied into a protobuf, serialized and
-    parsed again, hundreds of MB of them took a quarter of a quick calibration. (`points` must outlive it.)"""
+    parsed again, hundreds of MB of them took a quarter of a quick calibration. The session holds the arrays
+    (onnxruntime reads them in place and does not own them)."""
     weights = {name: a for p in points for name, a in p.weights.items()}
     if weights:
         so.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
-    return ort.InferenceSession(_model(points).SerializeToString(), so, providers=providers)
+    session = ort.InferenceSession(_model(points).SerializeToString(), so, providers=providers)
+    session.weights = weights  # as long as the session lives
+    return session
 
 
 def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -653,7 +656,6 @@ class QuantizedReads:
         self.bytes = columns * per_column
         self.x = np.full((1, self.k), 0.5, np.float32)
         self.sessions: dict[tuple[str, int], ort.InferenceSession] = {}
-        self.points: list[_Point] = []
         for family, accuracy in (("nbits", 4), ("nbits_f", 1)):
             for count in (self.SMALL, self.LARGE):
                 self.sessions[(family, count)] = self._chain(count, columns // count, accuracy, rng)
@@ -663,7 +665,6 @@ class QuantizedReads:
         points = [_nbits_point((1, self.k, n), "x", f"y{i}", f"c{i}", rng, accuracy) for i in range(count)]
         for point in points[1:]:
             point.inputs.clear()  # the first point's x is the graph's one input
-        self.points += points  # their weights are the sessions'
         so = ort.SessionOptions()
         so.log_severity_level = 3
         return _session(points, so, ["CPUExecutionProvider"])
@@ -712,13 +713,13 @@ class FloatReads:
         count = max(1, total // per_kernel)
         self.bytes = count * per_kernel
         flat = buffer.reshape(-1)
-        self.points = [_Point([helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"y{i}")], [], [], f"y{i}",
-                              {f"w{i}": flat[i * self.K * self.N:(i + 1) * self.K * self.N].reshape(self.K, self.N)})
-                       for i in range(count)]
-        self.points[0].inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.K]))
+        points = [_Point([helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"y{i}")], [], [], f"y{i}",
+                         {f"w{i}": flat[i * self.K * self.N:(i + 1) * self.K * self.N].reshape(self.K, self.N)})
+                  for i in range(count)]
+        points[0].inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, self.K]))
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        self.session = _session(self.points, so, ["CPUExecutionProvider"])
+        self.session = _session(points, so, ["CPUExecutionProvider"])
         self.x = np.full((1, self.K), 0.5, np.float32)
 
     def measure(self) -> tuple[int, float, float]:
