@@ -28,6 +28,12 @@ COMPUTE_FAMILIES: tuple[str, ...] = ("conv", "conv1x1", "dwconv", "gemm", "bmm",
 # Block-quantized weights (MatMulNBits), by how onnxruntime computes with them: `nbits` multiplies in int8
 # (accuracy_level 4: the activations quantized on the fly), `nbits_f` in float (levels 0 to 3).
 NBITS_FAMILIES: tuple[str, ...] = ("nbits", "nbits_f")
+NBITS_BLOCK = 32  # onnxruntime-genai's block size for int4 on the CPU, with one float scale per block
+# The chain of block-quantized products that QuantizedReads times beyond the cache: QUANTIZED_CHAIN_KERNELS one-row
+# MatMulNBits of K = QUANTIZED_CHAIN_K, 4-bit, over all the bytes it records. The cost model prices the same chain in
+# the cache to tell the reading in its measured time from the computing (monitors/pricing/costmodel.py).
+QUANTIZED_CHAIN_K = 1024
+QUANTIZED_CHAIN_KERNELS = 4
 
 
 def work_of(family: str, p: tuple[float, ...]) -> float:

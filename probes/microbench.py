@@ -29,7 +29,16 @@ import psutil
 from onnx import TensorProto, helper, numpy_helper
 
 from probes import refresh
-from probes.calibration import COMPUTE_FAMILIES, FORMAT_VERSION, Calibration, FamilyTable, work_of
+from probes.calibration import (
+    COMPUTE_FAMILIES,
+    FORMAT_VERSION,
+    NBITS_BLOCK,
+    QUANTIZED_CHAIN_K,
+    QUANTIZED_CHAIN_KERNELS,
+    Calibration,
+    FamilyTable,
+    work_of,
+)
 from probes.cpu import last_level_cache_bytes
 
 OPSET = 17
@@ -165,9 +174,6 @@ def _point(family: str, p: tuple[float, ...], tag: str, rng: np.random.Generator
     if family == HOST_COPY:  # a Relu of the tensor's size (2x: its bytes moved, read and written)
         return MEMORY_OPS["Relu"](2 * p[0], x, y, tag, rng)
     return MEMORY_OPS[family](p[0], x, y, tag, rng)
-
-
-NBITS_BLOCK = 32  # onnxruntime-genai's block size for int4 on the CPU
 
 
 def _bytes(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -641,16 +647,17 @@ class QuantizedReads:
 
     A decode step runs hundreds of such kernels of a few MB each; each starts cold (its threads meet, its
     first lines come from memory) and they unpack as they read. Two chains over the same bytes, one of many
-    small kernels and one of a few large ones, give both parts: the time per kernel and the read rate
-    (the cost model prices these kernels' weights at that rate relative to the float one at that working
-    set, plus the time per kernel). The sessions are made once; each pass times them again.
+    small kernels and one of a few large ones, give both parts: the time per kernel and the chain's time
+    beyond it (the cost model takes the large chain's time in the cache out of it, and prices these kernels'
+    weights at the rate that leaves, relative to the float one at that working set, plus the time per
+    kernel). The sessions are made once; each pass times them again.
     """
 
-    SMALL, LARGE = 64, 4  # kernels in each chain
+    SMALL, LARGE = 64, QUANTIZED_CHAIN_KERNELS  # kernels in each chain
 
     def __init__(self, reported_cache: int, rng: np.random.Generator) -> None:
         target = min(max(2 * reported_cache, 48 * 2 ** 20), 128 * 2 ** 20, psutil.virtual_memory().available // 8)
-        self.k = 1024
+        self.k = QUANTIZED_CHAIN_K
         per_column = self.k // 2 + (self.k // NBITS_BLOCK) * 4  # packed bytes and float scales of one column
         columns = max(64 * self.SMALL, target // per_column // (64 * self.SMALL) * 64 * self.SMALL)
         self.bytes = columns * per_column

@@ -6,9 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from monitors.pricing.costmodel import CostModel
+from monitors.pricing.costmodel import MAX_SHARE, CostModel
 from monitors.pricing.kernels import Kernel, Plan
-from probes.calibration import COMPUTE_FAMILIES, Calibration, FamilyTable, work_of
+from probes.calibration import (
+    COMPUTE_FAMILIES,
+    QUANTIZED_CHAIN_K,
+    QUANTIZED_CHAIN_KERNELS,
+    Calibration,
+    FamilyTable,
+    work_of,
+)
 from probes.microbench import (
     CHAIN_LONG,
     CHAIN_SHORT,
@@ -259,6 +266,29 @@ def test_a_float_decode_step_streams_at_the_rate_its_own_kernels_read_relative_t
         assert chained.read_share("gemm") == pytest.approx(share)
         assert chained.seconds(_gemv_plan(side)) == pytest.approx(sweep / share, rel=1e-3)
     assert CostModel(Calibration(**cal)).read_share("gemm") == 1.0  # unmeasured (an older calibration): the sweep
+
+
+def test_a_quantized_decode_step_is_priced_at_the_measured_time_of_the_chain_it_resembles_not_that_plus_computing():
+    mib = 2 ** 20
+    axes = ((1.0, 16.0), (256.0, 4096.0), (256.0, 32768.0))
+    flops = 10e9  # unpacking 4-bit weights as slowly as a host without VNNI does, next to its memory
+    table = FamilyTable(axes=axes, points=tuple((p, work_of("nbits", p) / flops) for p in itertools.product(*axes)))
+    cal = dict(fingerprint={"device": "cpu"}, tables={"nbits": table}, per_kernel_s=0.0, per_run_s=0.0,
+               stream_bytes_per_s=8e9, cache_bytes=16 * mib,
+               read_rates=((16 * mib, 40e9), (64 * mib, 10e9), (256 * mib, 8e9)))
+    size = 64 * mib  # the chain QuantizedReads times: four one-row products of K = 1024 over all of it
+    n = size / (QUANTIZED_CHAIN_K // 2 + QUANTIZED_CHAIN_K // 32 * 4) / QUANTIZED_CHAIN_KERNELS
+    chain = Kernel("nbits", (1.0, float(QUANTIZED_CHAIN_K), n, 4.0, 32.0, 4.0), 2.0 * QUANTIZED_CHAIN_K * n,
+                   "MatMulNBits", QUANTIZED_CHAIN_KERNELS)
+    plan = Plan(kernels=(chain,), weight_bytes=size)
+    in_cache = CostModel(Calibration(**cal)).kernel_seconds(chain)
+    for slower in (1.2, 2.5):  # the chain's measured time against its time in the cache: computing, then reading
+        measured = slower * in_cache
+        cm = CostModel(Calibration(**cal, quantized_read_rates={"nbits": (size, size / measured, 0.0)}))
+        assert cm.seconds(plan) == pytest.approx(measured, rel=1e-6)
+    # no slower than in the cache: the reads hide entirely, at the bound on how fast a kernel reads
+    hidden = CostModel(Calibration(**cal, quantized_read_rates={"nbits": (size, size / in_cache, 0.0)}))
+    assert hidden.read_share("nbits") == MAX_SHARE
 
 
 def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from monitors.pricing.kernels import Kernel, Plan
-from probes.calibration import COMPUTE_FAMILIES, NBITS_FAMILIES, Calibration, FamilyTable, work_of
+from probes.calibration import (
+    COMPUTE_FAMILIES,
+    NBITS_BLOCK,
+    NBITS_FAMILIES,
+    QUANTIZED_CHAIN_K,
+    QUANTIZED_CHAIN_KERNELS,
+    Calibration,
+    FamilyTable,
+    work_of,
+)
 
 # A memory-bound kernel is priced from its own op's table when calibration measured that op, else from
 # its family's representative op.
@@ -112,6 +121,7 @@ def _monotone(points: tuple[tuple[tuple[float, ...], float], ...]) -> list[tuple
     return out
 
 
+MAX_SHARE = 1.5  # read_share's bound: a kernel reads beyond the cache at most this much faster than the sweep
 STREAM_SECANT = 2.0  # stream_seconds: the memory slowdown its secant reaches (a bandwidth hog read 1.3-2x here)
 WELL_TIMED_S = 20e-6  # kernels at least this long are timed well enough to bound the others
 
@@ -132,6 +142,7 @@ class CostModel:
         self._cache_rate = max((r for _, r in calibration.read_rates), default=0.0)
         # what each block-quantized kernel of a decode step pays to start streaming (QuantizedReads; 0 for "gemm")
         self._stream_start = {f: r[2] for f, r in calibration.quantized_read_rates.items()}
+        self._shares: dict[str, float] = {}  # read_share's answers
 
     def table(self, k: Kernel) -> str:
         """The calibration table that prices `k`."""
@@ -181,13 +192,36 @@ class CostModel:
         the same working set (measured, 1 where not): block-quantized weights are unpacked as they are read
         (QuantizedReads), and a float MatMul reads the weights its session holds and prepacked, kernel after
         kernel, not as the sweep reads one input matrix (FloatReads: 0.74x to 1.3x of the sweep on two hosts)."""
+        share = self._shares.get(family)
+        if share is None:
+            share = self._shares[family] = self._measured_share(family)
+        return share
+
+    def _measured_share(self, family: str) -> float:
         measured = self.calibration.quantized_read_rates.get(family)
         if measured is None or self._read_curve is None:
             return 1.0
         size, rate, _ = measured
         sizes, rates = self._read_curve
         float_rate = float(np.exp(np.interp(math.log(size), sizes, rates)))
-        return min(1.5, max(0.1, rate / float_rate))
+        reading = size / rate
+        if family in NBITS_FAMILIES:
+            reading = self._quantized_reading(family, size, reading)
+        return min(MAX_SHARE, max(0.1, size / reading / float_rate)) if reading > 0 else MAX_SHARE
+
+    def _quantized_reading(self, family: str, size: float, measured_s: float) -> float:
+        """The reading part of the quantized chain's measured time, as `seconds` composes a kernel's computing
+        and reading: the chain priced in the cache (t) and its unhidden share (u) give measured = max(t, s) +
+        u min(t, s), solved for s. The chain computes as it reads: counting its whole time as reading prices a
+        decode step's computing twice where unpacking is slow next to memory."""
+        n = size / (QUANTIZED_CHAIN_K / 2 + QUANTIZED_CHAIN_K / NBITS_BLOCK * 4) / QUANTIZED_CHAIN_KERNELS
+        chain = Kernel(family, (1.0, float(QUANTIZED_CHAIN_K), n, 4.0, float(NBITS_BLOCK), 4.0),
+                       2.0 * QUANTIZED_CHAIN_K * n, "MatMulNBits", QUANTIZED_CHAIN_KERNELS)
+        t = self.kernel_seconds(chain)
+        u = self._unhidden(t, chain)
+        if measured_s >= (1.0 + u) * t:
+            return measured_s - u * t
+        return (measured_s - t) / u if measured_s > t and u > 0 else 0.0
 
     def seconds(self, plan: Plan, memory: float = 1.0) -> float:
         """The plan's latency on the calibrated device, with memory streaming `memory` times slower than
