@@ -99,9 +99,11 @@ meets = false
 
 
 def test_harness_an_app_s_reports_correct_an_estimate_its_device_does_not_show(estimator, calibrated_dir, tmp_path):
-    """The app's runs take twice what the agent estimates (a slowdown no signal shows, emulated by the app).
-    The monitor (each run within 1.4x the estimate) says met until the app's reports have taught the agent,
-    then not met, and agrees with the app from then on."""
+    """The app's runs take three times what the agent estimates (a slowdown no signal shows, emulated by the
+    app). The monitor (each run within 1.4x the estimate) says met until the app's reports have taught the agent,
+    then not met, and agrees with the app from then on. (Three times: a model sized by a quick calibration that
+    reads a host 50 % slow still takes twice its estimate, well beyond 1.4x; at two times its runs came at
+    13-22 ms against the 14 ms deadline there.)"""
     frame = model(estimator, tmp_path, "frame", 10.0)
     deadline = 1.4 * 10.0
     text = f"""
@@ -116,7 +118,7 @@ rate_hz = 10
 start = 2
 stop = 32
 report = true
-hidden_slowdown = 2.0
+hidden_slowdown = 3.0
 [[expect]]
 monitor = "m"
 event_within = [3, 20]
