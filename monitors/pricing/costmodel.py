@@ -214,9 +214,11 @@ class CostModel:
         and reading: the chain priced in the cache (t) and its unhidden share (u) give measured = max(t, s) +
         u min(t, s), solved for s. The chain computes as it reads: counting its whole time as reading prices a
         decode step's computing twice where unpacking is slow next to memory."""
-        n = size / (QUANTIZED_CHAIN_K / 2 + QUANTIZED_CHAIN_K / NBITS_BLOCK * 4) / QUANTIZED_CHAIN_KERNELS
-        chain = Kernel(family, (1.0, float(QUANTIZED_CHAIN_K), n, 4.0, float(NBITS_BLOCK), 4.0),
-                       2.0 * QUANTIZED_CHAIN_K * n, "MatMulNBits", QUANTIZED_CHAIN_KERNELS)
+        def product(n: float) -> Kernel:  # one of the chain's: 4-bit weights, float scales
+            return Kernel(family, (1.0, float(QUANTIZED_CHAIN_K), n, 4.0, float(NBITS_BLOCK), 4.0),
+                          2.0 * QUANTIZED_CHAIN_K * n, "MatMulNBits", QUANTIZED_CHAIN_KERNELS)
+
+        chain = product(size / weight_bytes(product(1.0)) / QUANTIZED_CHAIN_KERNELS)
         t = self.kernel_seconds(chain)
         u = self._unhidden(t, chain)
         if measured_s >= (1.0 + u) * t:
