@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 10  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+FORMAT_VERSION = 11  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
 # 4: the cache size measured, not reported; overheads from the wall clock alone; 5: the read rates over
 # working sets around the cache; every reading the fastest of three passes; 6: read rates by
 # onnxruntime's own MatMul, out to eight times the reported cache; 7: the warm refresh's reference is the
@@ -19,7 +19,8 @@ FORMAT_VERSION = 10  # 2: per-op tables for memory-bound kernels, cache size; 3:
 # GroupQueryAttention, rotary, RMS norms, quantized gathers); 9: the read-rate sweep out to 1 GiB or more, and
 # the rate of a chain of float products over weights the session holds (FloatReads, quantized_read_rates["gemm"]);
 # 10: Where's condition as masks are (runs, not coin flips: 6x faster), SiLU's own table (QuickGelu of alpha 1,
-# 2.6x faster than CLIP's alpha), the warm refresh's stream probe
+# 2.6x faster than CLIP's alpha), the warm refresh's stream probe; 11: attention's decode points in the cache only, and
+# chains of decode-step attentions beyond it (AttentionChains: attention_chains)
 
 
 # The families calibrated over multi-dimensional grids of compute (FLOPs); the others are memory-bound,
@@ -75,6 +76,9 @@ class Calibration:
     # weights beyond the cache as a decode step's kernels read them, by compute family (block-quantized ones, and
     # "gemm": float32 ones held and prepacked by the session): (working set bytes, bytes/s, s per kernel)
     quantized_read_rates: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    # decode-step attentions whose KV caches come from memory, each timed in a chain of layers: (gqa coordinates
+    # (query heads, 1 token, context, head size, KV heads), seconds a layer)
+    attention_chains: tuple[tuple[tuple[float, ...], float], ...] = ()
 
     @property
     def device(self) -> str:
@@ -99,6 +103,7 @@ class Calibration:
                 "cache_bytes": self.cache_bytes,
                 "read_rates": [list(r) for r in self.read_rates],
                 "quantized_read_rates": {f: list(r) for f, r in self.quantized_read_rates.items()},
+                "attention_chains": [[list(p), s] for p, s in self.attention_chains],
             },
             indent=1,
         )
@@ -130,4 +135,5 @@ class Calibration:
             read_rates=tuple((int(size), float(rate)) for size, rate in d.get("read_rates", ())),
             quantized_read_rates={str(f): (int(r[0]), float(r[1]), float(r[2]))
                                   for f, r in d.get("quantized_read_rates", {}).items()},
+            attention_chains=tuple((tuple(float(v) for v in p), float(s)) for p, s in d.get("attention_chains", ())),
         )

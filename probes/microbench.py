@@ -198,11 +198,13 @@ def _nbits_point(p: tuple[float, ...], x: str, y: str, tag: str, rng: np.random.
 GQA_GROUP = 4  # query heads per KV head in the calibration (Qwen2.5: 7, SmolLM2: 3, Gemma: 4, Phi-3: 1)
 
 
-def _gqa_point(p: tuple[float, ...], x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+def _gqa_point(p: tuple[float, ...], x: str, y: str, tag: str, rng: np.random.Generator,
+               kv_heads: int = 0) -> _Point:
     """GroupQueryAttention as onnxruntime-genai writes it for the CPU: query, key and value packed in one
-    input, rotary applied inside, the past cache [1, KV heads, past, head] appended to (a new present)."""
+    input, rotary applied inside, the past cache [1, KV heads, past, head] appended to (a new present).
+    KV heads: a quarter of the query heads (GQA_GROUP) unless given."""
     heads, seq, past, head = int(p[0]), int(p[1]), int(p[2]) - 1, int(p[3])
-    kv_heads = max(1, heads // GQA_GROUP)
+    kv_heads = kv_heads or max(1, heads // GQA_GROUP)
     pk, pv, lens, total, cos, sin = (f"{n}_{tag}" for n in ("pk", "pv", "len", "tot", "cos", "sin"))
     positions = past + seq
     f32 = TensorProto.FLOAT
@@ -663,6 +665,7 @@ class QuantizedReads:
         self.bytes = columns * per_column
         self.x = np.full((1, self.k), 0.5, np.float32)
         self.sessions: dict[tuple[str, int], ort.InferenceSession] = {}
+        self.fastest: dict[tuple[str, int], float] = {}  # each chain's fastest run so far
         for family, accuracy in (("nbits", 4), ("nbits_f", 1)):
             for count in (self.SMALL, self.LARGE):
                 self.sessions[(family, count)] = self._chain(count, columns // count, accuracy, rng)
@@ -677,17 +680,12 @@ class QuantizedReads:
         return _session(points, so, ["CPUExecutionProvider"])
 
     def measure(self) -> dict[str, tuple[int, float, float]]:
-        """family -> (working set bytes, bytes per second, seconds per kernel), from the fastest of five runs
-        of each chain."""
-        times: dict[tuple[str, int], float] = {}
+        """family -> (working set bytes, bytes per second, seconds per kernel), from each chain's fastest run of
+        all its measurements (five runs each): the two chains' difference gives the time per kernel, and a
+        disturbed pass of the small chain alone read 80 us a kernel where the quiet ones read 2-6."""
         for key, session in self.sessions.items():
-            session.run(None, {"x": self.x})
-            best = math.inf
-            for _ in range(5):
-                t0 = time.perf_counter()
-                session.run(None, {"x": self.x})
-                best = min(best, time.perf_counter() - t0)
-            times[key] = best
+            self.fastest[key] = min(_fastest_run(session, {"x": self.x}), self.fastest.get(key, math.inf))
+        times = self.fastest
         out = {}
         for family in ("nbits", "nbits_f"):
             small, large = times[(family, self.SMALL)], times[(family, self.LARGE)]
@@ -728,17 +726,69 @@ class FloatReads:
         so.log_severity_level = 3
         self.session = _session(points, so, ["CPUExecutionProvider"])
         self.x = np.full((1, self.K), 0.5, np.float32)
+        self.fastest = math.inf
 
     def measure(self) -> tuple[int, float, float]:
-        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest of
-        five runs."""
-        self.session.run(None, {"x": self.x})
-        best = math.inf
-        for _ in range(5):
-            t0 = time.perf_counter()
-            self.session.run(None, {"x": self.x})
-            best = min(best, time.perf_counter() - t0)
-        return self.bytes, self.bytes / best, 0.0
+        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest run of
+        all its measurements (five runs each)."""
+        self.fastest = min(_fastest_run(self.session, {"x": self.x}), self.fastest)
+        return self.bytes, self.bytes / self.fastest, 0.0
+
+
+class AttentionChains:
+    """How a decode step's attention runs when its KV cache comes from memory: chains of GroupQueryAttention of one
+    new token each over past keys and values of their own, twice the reported cache in all (48 to 128 MiB), one
+    chain for each grouping in CHAINS.
+
+    onnxruntime's CPU kernel zeroes a new present cache, then for each query head copies its KV head's past into it
+    and multiplies: work by query head in the cache, and trips through memory by KV head, in proportions that the
+    calibration's one grouping (GQA_GROUP) cannot tell apart. Timed alone on a 2-core AMD EPYC VM at a context of
+    4,096, 16 query heads of 64 took 1.4, 1.8, 3.4 and 5.6 ms a layer with 2, 4, 8 and 16 KV heads; the cost model
+    fits one cost per query head and one per KV head to the chains (costmodel.py: decode_attention). The presents
+    are the graph's outputs, each in memory of its own, as a model's are. Made once; each pass times them again.
+    """
+
+    CHAINS = ((16, 2), (16, 16))  # (query heads, KV heads): grouped as Qwen2.5's, and one KV head a query head
+    CONTEXT, HEAD = 4096, 64
+
+    def __init__(self, reported_cache: int, rng: np.random.Generator) -> None:
+        target = min(max(2 * reported_cache, 48 * 2 ** 20), 128 * 2 ** 20, psutil.virtual_memory().available // 8)
+        self.chains = []
+        self.fastest: dict[tuple[float, ...], float] = {}  # seconds a layer, each chain's fastest run so far
+        for heads, kv_heads in self.CHAINS:
+            past = (1, kv_heads, self.CONTEXT - 1, self.HEAD)
+            layers = max(1, target // (2 * 4 * math.prod(past)))
+            p = (float(heads), 1.0, float(self.CONTEXT), float(self.HEAD))
+            points = [_gqa_point(p, "x", f"y{i}", f"c{i}", rng, kv_heads=kv_heads) for i in range(layers)]
+            for point in points[1:]:
+                del point.inputs[0]  # the first point's x is the graph's one x
+            feeds = {v.name: _noise(tuple(d.dim_value for d in v.type.tensor_type.shape.dim), rng).copy()
+                     for point in points for v in point.inputs}
+            model = _model(points)
+            model.graph.output.extend(helper.make_tensor_value_info(present, TensorProto.FLOAT, None)
+                                      for point in points for present in point.nodes[0].output[1:])
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            self.chains.append(((*p, float(kv_heads)), layers, session, feeds))
+
+    def measure(self) -> dict[tuple[float, ...], float]:
+        """gqa coordinates (query heads, 1, context, head size, KV heads) -> seconds a layer, from each chain's
+        fastest run of all its measurements (five runs each)."""
+        for params, layers, session, feeds in self.chains:
+            self.fastest[params] = min(_fastest_run(session, feeds) / layers, self.fastest.get(params, math.inf))
+        return dict(self.fastest)
+
+
+def _fastest_run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
+    """Seconds of the fastest of `runs` runs, after one that warms the session up."""
+    session.run(None, feeds)
+    best = math.inf
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _vector_matrix_session(width: int) -> ort.InferenceSession:
@@ -782,15 +832,15 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
     plan: list[tuple[Grid, list[tuple[float, ...]]]] = []
+    reported_cache = last_level_cache_bytes()
     for grid in grids(quick) + (host_copy_grids(quick) if device == "gpu" else []):
         pts = [p for p in itertools.product(*grid.axes) if work_of(grid.family, p) <= grid.max_work
-               and _feasible(grid.family, p)]
+               and _feasible(grid.family, p, reported_cache)]
         plan.append((grid, pts))
     total = sum(len(p) for _, p in plan) + 1
     done = 0.0
     tables: dict[str, FamilyTable] = {}
     runs = 3 if quick else 5
-    reported_cache = last_level_cache_bytes()
     sweeps: list[MemoryLevels] = []
     # Tensors per calibration session: about as many as pass through the cache between one inference
     # of a model and the next, so that a point's operands are about as warm as a model's are (weights
@@ -822,6 +872,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     refreshes: list[dict[str, float]] = []
     quantized: QuantizedReads | None = None
     floats: FloatReads | None = None
+    attention: AttentionChains | None = None
+    attention_chains: dict[tuple[float, ...], float] = {}
     buffer: np.ndarray | None = None  # the weights the sweep and FloatReads read, faulted in once
     quantized_rates: dict[str, tuple[int, float, float]] = {}
     for _ in range(passes):
@@ -837,11 +889,12 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             if buffer is None:
                 buffer = stream_buffer(reported_cache, quick=quick)
             sweeps.append(measure_memory(reported_cache, buffer=buffer))
-            if quantized is None or floats is None:
+            if quantized is None or floats is None or attention is None:
                 quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
-            for family, reading in [*quantized.measure().items(), ("gemm", floats.measure())]:
-                if family not in quantized_rates or reading[1] > quantized_rates[family][1]:
-                    quantized_rates[family] = reading
+                attention = AttentionChains(reported_cache, rng)
+            # each probe answers from its fastest runs over the passes so far
+            attention_chains = attention.measure()
+            quantized_rates = {**quantized.measure(), "gemm": floats.measure()}
             refreshes.append(refresh.measure(stream=True))
         done += 1 / passes
         if progress:
@@ -870,6 +923,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         cache_bytes=memory.cache_bytes,
         read_rates=memory.rates,
         quantized_read_rates=quantized_rates,
+        attention_chains=tuple(attention_chains.items()),
     )
 
 
@@ -889,12 +943,14 @@ def _disturbed(grid: Grid, measured: dict[tuple[float, ...], float]) -> list[tup
     return suspects
 
 
-def _feasible(family: str, p: tuple[float, ...]) -> bool:
+def _feasible(family: str, p: tuple[float, ...], cache: int) -> bool:
     """Weight matrices up to 64 MiB: larger ones are priced by the streaming rate. Attention is measured
-    on prefills (past 0: p[2] == 1) and decode steps (one new token) only; the wide products (N = WIDE)
-    at up to 64 rows and K up to 1024, what a decode step and a short prompt's LM head run."""
+    on prefills (past 0: p[2] == 1) and decode steps (one new token) only, a decode step only while its keys
+    and values (past and present) fit in the `cache`: the cost model prices their trips through memory apart
+    (KvReads); the wide products (N = WIDE) at up to 64 rows and K up to 1024, what a decode step and a short
+    prompt's LM head run."""
     if family == "gqa":
-        return p[2] == 1.0 or p[1] == 1.0
+        return p[2] == 1.0 or (p[1] == 1.0 and _kv_bytes(p) <= cache)
     if p[-1] >= WIDE and family in ("gemm", "nbits", "nbits_f", "qgemm"):
         return p[0] <= 64 and p[1] <= 1024 and p[1] * p[2] * 4 <= 64 * 2 ** 20  # an LM head's few rows
     return family != "gemm" or p[1] * p[2] * 4 <= 64 * 2 ** 20
@@ -909,8 +965,7 @@ def _point_bytes(family: str, p: tuple[float, ...]) -> float:
     if family == "qgemm":
         return 4.0 * (p[0] * p[1] + p[0] * p[2]) + p[1] * p[2]
     if family == "gqa":
-        kv_heads = max(1.0, p[0] // GQA_GROUP)
-        return 4.0 * (p[1] * (p[0] + 2 * kv_heads) * p[3] * 2 + 4 * kv_heads * (p[2] + p[1]) * p[3])
+        return 4.0 * p[1] * (p[0] + 2 * max(1.0, p[0] // GQA_GROUP)) * p[3] * 2 + _kv_bytes(p)
     if family in ("conv", "conv1x1"):
         taps = 1 if family == "conv1x1" else 9
         return 4.0 * (p[0] * (p[1] / taps + p[2]) + p[1] * p[2])
@@ -921,6 +976,12 @@ def _point_bytes(family: str, p: tuple[float, ...]) -> float:
     if family == "bmm":
         return 4.0 * p[0] * (p[1] * p[2] + p[2] * p[3] + p[1] * p[3])
     return 2.0 * p[0]
+
+
+def _kv_bytes(p: tuple[float, ...]) -> float:
+    """The keys and values a calibration attention reads and writes: past and present, a KV head for GQA_GROUP
+    query heads."""
+    return 16.0 * max(1.0, p[0] // GQA_GROUP) * (p[2] + p[1]) * p[3]
 
 
 def _batches(family: str, pts: list[tuple[float, ...]], budget: float) -> Iterable[list[tuple[float, ...]]]:

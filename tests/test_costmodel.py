@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from monitors.pricing.costmodel import MAX_SHARE, CostModel
+from monitors.pricing.costmodel import MAX_SHARE, CostModel, weight_bytes
 from monitors.pricing.kernels import Kernel, Plan
 from probes.calibration import (
     COMPUTE_FAMILIES,
@@ -19,8 +19,10 @@ from probes.calibration import (
 from probes.microbench import (
     CHAIN_LONG,
     CHAIN_SHORT,
+    AttentionChains,
     FloatReads,
     MemoryLevels,
+    _feasible,
     _point,
     _profile,
     _profile_points,
@@ -289,6 +291,84 @@ def test_a_quantized_decode_step_is_priced_at_the_measured_time_of_the_chain_it_
     # no slower than in the cache: the reads hide entirely, at the bound on how fast a kernel reads
     hidden = CostModel(Calibration(**cal, quantized_read_rates={"nbits": (size, size / in_cache, 0.0)}))
     assert hidden.read_share("nbits") == MAX_SHARE
+
+
+def test_attention_chains_copy_each_layers_own_past_into_a_present_it_outputs_real_onnxruntime():
+    chains = AttentionChains(0, np.random.default_rng(0))  # no cache reported: 48 MiB of past keys and values a chain
+    measured = chains.measure()
+    context, head = AttentionChains.CONTEXT, AttentionChains.HEAD
+    assert set(measured) == {(float(q), 1.0, float(context), float(head), float(kv))
+                             for q, kv in AttentionChains.CHAINS}
+    assert all(0 < s < 1 for s in measured.values())
+    again = chains.measure()  # a second pass keeps each chain's fastest
+    assert all(again[p] <= s for p, s in measured.items())
+    for params, layers, session, feeds in chains.chains:
+        kv = int(params[4])
+        assert layers == 48 * 2 ** 20 // (2 * 4 * kv * (context - 1) * head)
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        for i in range(layers):  # each present is an output of its own, holding its own past and the new token
+            for name in ("k", "v"):
+                present = outputs[f"y{i}_{name}"]
+                assert present.shape == (1, kv, context, head)
+                np.testing.assert_array_equal(present[:, :, :context - 1], feeds[f"p{name}_c{i}"])
+
+
+def _attention_calibration(chains=()) -> Calibration:
+    mib = 2 ** 20
+    axes = ((4.0, 16.0), (1.0,), (1.0, 16.0, 2048.0), (64.0, 256.0))
+    table = FamilyTable(axes=axes, points=tuple((p, 2e-6 + work_of("gqa", p) / 20e9)
+                                                for p in itertools.product(*axes)))
+    return Calibration(fingerprint={"device": "cpu"}, tables={"gqa": table}, per_kernel_s=0.0, per_run_s=0.0,
+                       stream_bytes_per_s=8e9, cache_bytes=16 * mib,
+                       read_rates=((16 * mib, 40e9), (256 * mib, 8e9)), attention_chains=chains)
+
+
+def _decode(heads: int, kv_heads: int, context: int, head: int = 64) -> Kernel:
+    p = (heads, 1, context, head, kv_heads)
+    return Kernel("gqa", p, work_of("gqa", p), "GroupQueryAttention")
+
+
+def test_a_decode_steps_attention_costs_by_query_head_and_by_kv_head_as_the_chains_of_attentions_measured():
+    per_query, per_kv = 1e-10, 1.2e-9  # seconds an element of the context (a 2-core AMD EPYC VM: 1.3e-10, 1.2e-9)
+    table = CostModel(_attention_calibration())
+
+    def layer(heads: int, kv_heads: int, context: int = 4096, head: int = 64) -> float:
+        one_token = table.kernel_seconds(_decode(heads, kv_heads, 1, head))  # what it costs beyond its context
+        return one_token + context * head * (per_query * heads + per_kv * kv_heads)
+
+    chains = tuple(((16.0, 1.0, 4096.0, 64.0, float(kv)), layer(16, kv)) for kv in (2, 16))
+    cm = CostModel(_attention_calibration(chains))
+    assert cm._attention == pytest.approx((per_query, per_kv))
+    for heads, kv_heads, context in ((14, 2, 4096), (16, 16, 2048), (15, 5, 512)):  # Qwen, Phi-3, SmolLM2 shapes
+        k = _decode(heads, kv_heads, context)
+        plan = Plan(kernels=(k,), weight_bytes=512 * 2 ** 20)  # the weights stream: so does the KV cache
+        assert cm.seconds(plan) == pytest.approx(layer(heads, kv_heads, context), rel=1e-6)
+        # a neighbour that takes memory bandwidth slows the KV heads' part only
+        slower = cm.seconds(plan, memory=2.0) - cm.seconds(plan)
+        assert slower == pytest.approx(context * 64 * per_kv * kv_heads, rel=1e-6)
+    # the weights in the cache: the table's time, measured in the cache; no chains: three passes at the sweep's rate
+    assert cm.seconds(Plan(kernels=(_decode(14, 2, 4096),))) == cm.kernel_seconds(_decode(14, 2, 4096))
+    k = _decode(14, 2, 4096)
+    unchained = CostModel(_attention_calibration())
+    assert unchained.seconds(Plan(kernels=(k,), weight_bytes=512 * 2 ** 20)) == pytest.approx(
+        unchained.kernel_seconds(k) + weight_bytes(k) / 8e9)
+
+
+def test_attention_costs_are_never_negative_where_noise_would_fit_one_below_zero():
+    one_token = CostModel(_attention_calibration()).kernel_seconds(_decode(16, 2, 1))
+    # the grouped chain slower than the ungrouped one: no cost per KV head, all of it per query head
+    chains = (((16.0, 1.0, 4096.0, 64.0, 2.0), one_token + 3e-3), ((16.0, 1.0, 4096.0, 64.0, 16.0), one_token + 2e-3))
+    per_query, per_kv = CostModel(_attention_calibration(chains))._attention
+    assert per_kv == 0.0 and per_query > 0
+
+
+def test_attention_is_calibrated_at_decode_steps_whose_cache_fits_and_at_every_prefill():
+    mib = 2 ** 20
+    assert _feasible("gqa", (4.0, 1.0, 8192.0, 64.0), 32 * mib)  # one KV head: 8 MiB of past and present
+    assert not _feasible("gqa", (16.0, 1.0, 8192.0, 64.0), 32 * mib)  # four: 32 MiB and more
+    assert _feasible("gqa", (16.0, 1.0, 8192.0, 64.0), 64 * mib)
+    assert _feasible("gqa", (16.0, 2048.0, 1.0, 128.0), 1 * mib)  # a prefill: no cache to carry
+    assert not _feasible("gqa", (16.0, 16.0, 128.0, 64.0), 64 * mib)  # neither a prefill nor a decode step
 
 
 def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():

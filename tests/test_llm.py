@@ -249,7 +249,7 @@ def test_the_calibration_measures_the_llm_kernels(estimator):
                    "SkipSimplifiedLayerNormalization", "RotaryEmbedding", "GatherBlockQuantized"):
         assert len(tables[family].points) >= 4, family
     decode = {p: s for p, s in tables["gqa"].points if p[1] == 1}  # one token against a growing cache
-    assert decode[(16.0, 1.0, 2048.0, 64.0)] > decode[(16.0, 1.0, 16.0, 64.0)]
+    assert decode[(4.0, 1.0, 2048.0, 64.0)] > decode[(4.0, 1.0, 16.0, 64.0)]
 
 
 def test_kernels_beyond_the_grid_axes_are_priced_by_their_coordinates(estimator):

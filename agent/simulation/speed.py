@@ -45,6 +45,7 @@ def scaled(cal: Calibration, factor: float) -> Calibration:
         read_rates=tuple((size, rate / factor) for size, rate in cal.read_rates),
         quantized_read_rates={f: (size, rate / factor, start_s * factor)
                               for f, (size, rate, start_s) in cal.quantized_read_rates.items()},
+        attention_chains=tuple((p, s * factor) for p, s in cal.attention_chains),
     )
 
 

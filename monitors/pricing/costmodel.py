@@ -143,6 +143,8 @@ class CostModel:
         # what each block-quantized kernel of a decode step pays to start streaming (QuantizedReads; 0 for "gemm")
         self._stream_start = {f: r[2] for f, r in calibration.quantized_read_rates.items()}
         self._shares: dict[str, float] = {}  # read_share's answers
+        # a decode step's attention beyond the cache: seconds per query head and per KV head an element of context
+        self._attention = self._fit_attention()
 
     def table(self, k: Kernel) -> str:
         """The calibration table that prices `k`."""
@@ -236,15 +238,41 @@ class CostModel:
         for k in plan.kernels:
             t = self.kernel_seconds(k)
             if rate and k.family == "gqa":
-                # The cache comes from memory on top of the attention's own work, which calibration measured
-                # on a cache it had just written (its copies of the cache are themselves memory work).
-                t += k.repeat * weight_bytes(k) / rate
+                decode = self.decode_attention_seconds(k, memory) if k.params[1] == 1 and k.params[2] > 1 else None
+                # A prefill's cache goes to memory on top of the attention's own work, measured in the cache.
+                t = decode if decode is not None else t + k.repeat * weight_bytes(k) / rate
             elif rate:  # each kernel reads its weights again, no faster than that
                 start = self._stream_start.get(k.family, 0.0)
                 stream = k.repeat * (start + weight_bytes(k) / (rate * self.read_share(k.family)))
                 t = max(t, stream) + self._unhidden(t, k) * min(t, stream)
             total += t
         return total
+
+    def decode_attention_seconds(self, k: Kernel, memory: float = 1.0) -> float | None:
+        """A decode step's attention whose KV cache comes from memory (`memory` times slower than calibrated): its
+        cost at one token, plus a cost per query head and one per KV head for each element of the context, fitted
+        to the chains calibration timed (AttentionChains); None where it timed none. The table's decode points,
+        measured at one grouping in the cache, tell neither apart."""
+        if self._attention is None:
+            return None
+        heads, _, context, head, kv_heads = k.params
+        per_query, per_kv = self._attention
+        return k.repeat * (self._one_token(k) + context * head * (per_query * heads + per_kv * kv_heads * memory))
+
+    def _one_token(self, k: Kernel) -> float:
+        """The attention of the same heads over one token and no past: what it costs beyond its context."""
+        p = (k.params[0], 1.0, 1.0, k.params[3], k.params[4])
+        return self.kernel_seconds(Kernel("gqa", p, work_of("gqa", p), k.op))
+
+    def _fit_attention(self) -> tuple[float, float] | None:
+        """(seconds per query head, per KV head) an element of the context: the least-squares fit, neither negative,
+        to the chains' times a layer less their cost at one token; None where calibration timed no two chains."""
+        chains = self.calibration.attention_chains
+        if len(chains) < 2 or "gqa" not in self._interp:
+            return None
+        rows = np.array([(p[0] * p[2] * p[3], p[4] * p[2] * p[3]) for p, _ in chains])
+        times = np.array([s - self._one_token(Kernel("gqa", p, work_of("gqa", p))) for p, s in chains])
+        return _nonnegative_fit(rows, times)
 
     def stream_seconds(self, plan: Plan) -> float:
         """What the plan's latency gains per unit of memory slowdown: the secant from calibrated memory to memory
@@ -269,6 +297,16 @@ class CostModel:
 # and the present written (a new tensor, so its lines are read before they are written); the attention's own
 # read of the present mostly finds it in the cache it was just written to.
 KV_PASSES = 3.0
+
+
+def _nonnegative_fit(rows: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """Least squares of times = rows @ (a, b) with a, b >= 0: where the free fit makes one negative, it is 0 and
+    the other is fitted alone."""
+    a, b = np.linalg.lstsq(rows, times, rcond=None)[0]
+    if a >= 0 and b >= 0:
+        return float(a), float(b)
+    alone = [max(0.0, float(rows[:, i] @ times / (rows[:, i] @ rows[:, i]))) for i in (0, 1)]
+    return (alone[0], 0.0) if a >= 0 else (0.0, alone[1])
 
 
 def weight_bytes(k: Kernel) -> float:
