@@ -21,6 +21,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -780,6 +782,18 @@ class AttentionChains:
         return dict(self.fastest)
 
 
+SETTLE_S = 0.2
+T = TypeVar("T")
+
+
+def _settled(measure: Callable[[], T]) -> T:
+    """`measure()` after SETTLE_S at rest. The sessions just run keep the CPUs and the memory bus busy for a while
+    after: on a 2-core AMD EPYC VM, FloatReads right after QuantizedReads or AttentionChains read 15-23 GB/s, and
+    29-34 GB/s 0.2 s later or alone (a quick calibration, which has one pass, read it 0.55x as fast as a full one)."""
+    time.sleep(SETTLE_S)
+    return measure()
+
+
 def _fastest_run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
     """Seconds of the fastest of `runs` runs, after one that warms the session up."""
     session.run(None, feeds)
@@ -888,14 +902,16 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         if device == "cpu":
             if buffer is None:
                 buffer = stream_buffer(reported_cache, quick=quick)
-            sweeps.append(measure_memory(reported_cache, buffer=buffer))
             if quantized is None or floats is None or attention is None:
                 quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
                 attention = AttentionChains(reported_cache, rng)
-            # each probe answers from its fastest runs over the passes so far
-            attention_chains = attention.measure()
-            quantized_rates = {**quantized.measure(), "gemm": floats.measure()}
-            refreshes.append(refresh.measure(stream=True))
+            # Each probe reads memory only once the work before it has settled, and answers from its fastest runs
+            # over the passes so far.
+            sweeps.append(_settled(partial(measure_memory, reported_cache, buffer=buffer)))
+            floats_reading = _settled(floats.measure)
+            quantized_rates = {**_settled(quantized.measure), "gemm": floats_reading}
+            attention_chains = _settled(attention.measure)
+            refreshes.append(_settled(partial(refresh.measure, stream=True)))
         done += 1 / passes
         if progress:
             progress("overhead", round(done), total)

@@ -238,8 +238,9 @@ class CostModel:
         for k in plan.kernels:
             t = self.kernel_seconds(k)
             if rate and k.family == "gqa":
+                # a decode step's as the chains of attentions measured it; a prefill's cache goes to memory on top
+                # of the attention's own work, measured in the cache
                 decode = self.decode_attention_seconds(k, memory) if k.params[1] == 1 and k.params[2] > 1 else None
-                # A prefill's cache goes to memory on top of the attention's own work, measured in the cache.
                 t = decode if decode is not None else t + k.repeat * weight_bytes(k) / rate
             elif rate:  # each kernel reads its weights again, no faster than that
                 start = self._stream_start.get(k.family, 0.0)
