@@ -915,14 +915,17 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         done += 1 / passes
         if progress:
             progress("overhead", round(done), total)
-    for grid, _ in plan:
+    for grid, pts in plan:
         measured = fastest[grid.family]
+        if quick and grid.family not in COMPUTE_FAMILIES:
+            # A quick calibration's one pass goes once more over the memory-bound ops (about a second): on a 2-core
+            # VM their kernels run at one of two speeds a session (Resize: 3 or 7 GB/s), and the fastest of three
+            # runs in one session kept the slower in half the quick calibrations (Resize priced 2x).
+            _keep_fastest(measured, measure(grid, pts))
         # Then up to two passes over the points that still look disturbed (much slower than their
         # neighbours); each keeps its fastest time. A real cliff (out of the cache) reads the same again.
         for _ in range(2):
-            for _, times in measure(grid, _disturbed(grid, measured)):
-                for p, t in times.items():
-                    measured[p] = min(t, measured[p])
+            _keep_fastest(measured, measure(grid, _disturbed(grid, measured)))
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
     per_kernel, per_run = overheads(min(c[0] for c in chains), min(c[1] for c in chains))
     memory = fastest_sweep(sweeps, reported_cache) if sweeps else MemoryLevels(0, 0.0, ())
@@ -941,6 +944,14 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         quantized_read_rates=quantized_rates,
         attention_chains=tuple(attention_chains.items()),
     )
+
+
+def _keep_fastest(measured: dict[tuple[float, ...], float],
+                  readings: Iterable[tuple[list[tuple[float, ...]], dict[tuple[float, ...], float]]]) -> None:
+    """Each point's fastest time, of those in `measured` and the new `readings` (measure's batches)."""
+    for _, times in readings:
+        for p, t in times.items():
+            measured[p] = min(t, measured.get(p, math.inf))
 
 
 def _disturbed(grid: Grid, measured: dict[tuple[float, ...], float]) -> list[tuple[float, ...]]:
