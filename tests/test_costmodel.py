@@ -288,9 +288,14 @@ def test_a_quantized_decode_step_is_priced_at_the_measured_time_of_the_chain_it_
         measured = slower * in_cache
         cm = CostModel(Calibration(**cal, quantized_read_rates={"nbits": (size, size / measured, 0.0)}))
         assert cm.seconds(plan) == pytest.approx(measured, rel=1e-6)
-    # no slower than in the cache: the reads hide entirely, at the bound on how fast a kernel reads
+    # no slower than in the cache (unpacking slow next to memory): the reads hide wholly, in every such product
     hidden = CostModel(Calibration(**cal, quantized_read_rates={"nbits": (size, size / in_cache, 0.0)}))
-    assert hidden.read_share("nbits") == MAX_SHARE
+    assert hidden.seconds(plan) == pytest.approx(in_cache, rel=1e-6)
+    other = Kernel("nbits", (1.0, 896.0, 4864.0, 4.0, 32.0, 4.0), 2.0 * 896 * 4864, "MatMulNBits")
+    assert hidden.seconds(Plan(kernels=(other,), weight_bytes=size)) == pytest.approx(hidden.kernel_seconds(other))
+    # faster than its bytes at the float rate: read faster than float weights, at most MAX_SHARE so
+    fast = CostModel(Calibration(**cal, quantized_read_rates={"nbits": (size, size / (0.01 * in_cache), 0.0)}))
+    assert fast.read_share("nbits") == MAX_SHARE
 
 
 def test_attention_chains_copy_each_layers_own_past_into_a_present_it_outputs_real_onnxruntime():

@@ -142,7 +142,7 @@ class CostModel:
         self._cache_rate = max((r for _, r in calibration.read_rates), default=0.0)
         # what each block-quantized kernel of a decode step pays to start streaming (QuantizedReads; 0 for "gemm")
         self._stream_start = {f: r[2] for f, r in calibration.quantized_read_rates.items()}
-        self._shares: dict[str, float] = {}  # read_share's answers
+        self._readings: dict[str, tuple[float, float | None]] = {}  # _reading's answers
         # a decode step's attention beyond the cache: seconds per query head and per KV head an element of context
         self._attention = self._fit_attention()
 
@@ -194,38 +194,44 @@ class CostModel:
         the same working set (measured, 1 where not): block-quantized weights are unpacked as they are read
         (QuantizedReads), and a float MatMul reads the weights its session holds and prepacked, kernel after
         kernel, not as the sweep reads one input matrix (FloatReads: 0.74x to 1.3x of the sweep on two hosts)."""
-        share = self._shares.get(family)
-        if share is None:
-            share = self._shares[family] = self._measured_share(family)
-        return share
+        return self._reading(family)[0]
 
-    def _measured_share(self, family: str) -> float:
+    def _reading(self, family: str) -> tuple[float, float | None]:
+        """(read_share, the share of its reads a kernel's computing does not hide: None where `_unhidden` gives
+        each kernel's own), measured once."""
+        reading = self._readings.get(family)
+        if reading is None:
+            reading = self._readings[family] = self._measured_reading(family)
+        return reading
+
+    def _measured_reading(self, family: str) -> tuple[float, float | None]:
         measured = self.calibration.quantized_read_rates.get(family)
         if measured is None or self._read_curve is None:
-            return 1.0
+            return 1.0, None
         size, rate, _ = measured
         sizes, rates = self._read_curve
         float_rate = float(np.exp(np.interp(math.log(size), sizes, rates)))
-        reading = size / rate
         if family in NBITS_FAMILIES:
-            reading = self._quantized_reading(family, size, reading)
-        return min(MAX_SHARE, max(0.1, size / reading / float_rate)) if reading > 0 else MAX_SHARE
+            return self._quantized_reading(family, size, size / rate, size / float_rate)
+        return min(MAX_SHARE, max(0.1, rate / float_rate)), None
 
-    def _quantized_reading(self, family: str, size: float, measured_s: float) -> float:
-        """The reading part of the quantized chain's measured time, as `seconds` composes a kernel's computing
-        and reading: the chain priced in the cache (t) and its unhidden share (u) give measured = max(t, s) +
-        u min(t, s), solved for s. The chain computes as it reads: counting its whole time as reading prices a
-        decode step's computing twice where unpacking is slow next to memory."""
+    def _quantized_reading(self, family: str, size: float, measured: float, as_float: float) -> tuple[float, float]:
+        """The quantized chain's measured time, as `seconds` composes a kernel's computing (t, the chain priced in
+        the cache) and its reads (s: `as_float`, its bytes at the float rate, over the share): measured = max(t, s)
+        + u min(t, s), solved for u where it can be, else for the share. The chain unpacks as it reads: where
+        unpacking is slow next to memory (AVX2 without VNNI) it hides the reads wholly, the chain taking no longer
+        than its time in the cache, and a decode step's products no longer than theirs."""
         def product(n: float) -> Kernel:  # one of the chain's: 4-bit weights, float scales
             return Kernel(family, (1.0, float(QUANTIZED_CHAIN_K), n, 4.0, float(NBITS_BLOCK), 4.0),
                           2.0 * QUANTIZED_CHAIN_K * n, "MatMulNBits", QUANTIZED_CHAIN_KERNELS)
 
-        chain = product(size / weight_bytes(product(1.0)) / QUANTIZED_CHAIN_KERNELS)
-        t = self.kernel_seconds(chain)
-        u = self._unhidden(t, chain)
-        if measured_s >= (1.0 + u) * t:
-            return measured_s - u * t
-        return (measured_s - t) / u if measured_s > t and u > 0 else 0.0
+        t = self.kernel_seconds(product(size / weight_bytes(product(1.0)) / QUANTIZED_CHAIN_KERNELS))
+        if t <= 0 or measured >= t + as_float:  # none of its reads hidden, and slower than float ones
+            return max(0.1, min(MAX_SHARE, as_float / max(measured - t, 1e-12))), 1.0
+        if measured >= max(t, as_float):  # read as fast as float weights, in part behind the unpacking
+            return 1.0, (measured - max(t, as_float)) / min(t, as_float)
+        return min(MAX_SHARE, max(1.0, as_float / measured)), 0.0  # hidden wholly; faster than float ones where
+        # the chain took less than its bytes at the float rate
 
     def seconds(self, plan: Plan, memory: float = 1.0) -> float:
         """The plan's latency on the calibrated device, with memory streaming `memory` times slower than
@@ -244,8 +250,9 @@ class CostModel:
                 t = decode if decode is not None else t + k.repeat * weight_bytes(k) / rate
             elif rate:  # each kernel reads its weights again, no faster than that
                 start = self._stream_start.get(k.family, 0.0)
-                stream = k.repeat * (start + weight_bytes(k) / (rate * self.read_share(k.family)))
-                t = max(t, stream) + self._unhidden(t, k) * min(t, stream)
+                share, unhidden = self._reading(k.family)
+                stream = k.repeat * (start + weight_bytes(k) / (rate * share))
+                t = max(t, stream) + (self._unhidden(t, k) if unhidden is None else unhidden) * min(t, stream)
             total += t
         return total
 
@@ -288,7 +295,8 @@ class CostModel:
         reads, nothing to hide. A kernel that reuses each weight over many rows, or unpacks quantized weights
         as it reads them, computes out of the cache most of its time, and its loads from memory then stall it
         rather than overlap: that share is the part of its in-cache time not spent reading its weights at the
-        cache's rate (a measured decode step of int4 weights, and a short prompt of float ones, run so)."""
+        cache's rate (a short prompt of float weights runs so). Block-quantized kernels take the share their chain
+        measured where calibration timed it (_quantized_reading)."""
         if not self._cache_rate or t <= 0 or (k.family == "gemm" and k.params[0] <= 1):
             return 0.0  # the slower of the two, as for a float vector-matrix product
         return max(0.0, 1.0 - weight_bytes(k) * k.repeat / self._cache_rate / t)
