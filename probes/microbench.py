@@ -744,10 +744,9 @@ class AttentionChains:
 
     onnxruntime's CPU kernel zeroes a new present cache, then for each query head copies its KV head's past into it
     and multiplies: work by query head in the cache, and trips through memory by KV head, in proportions that the
-    calibration's one grouping (GQA_GROUP) cannot tell apart. Timed alone on a 2-core AMD EPYC VM at a context of
-    4,096, 16 query heads of 64 took 1.4, 1.8, 3.4 and 5.6 ms a layer with 2, 4, 8 and 16 KV heads; the cost model
-    fits one cost per query head and one per KV head to the chains (costmodel.py: decode_attention). The presents
-    are the graph's outputs, each in memory of its own, as a model's are. Made once; each pass times them again.
+    calibration's one grouping (GQA_GROUP) cannot tell apart. The cost model fits one cost per query head and one
+    per KV head to the chains (costmodel.py: decode_attention_seconds). The presents are the graph's outputs, each
+    in memory of its own, as a model's are. Made once; each pass times them again.
     """
 
     CHAINS = ((16, 2), (16, 16))  # (query heads, KV heads): grouped as Qwen2.5's, and one KV head a query head
@@ -788,8 +787,7 @@ T = TypeVar("T")
 
 def _settled(measure: Callable[[], T]) -> T:
     """`measure()` after SETTLE_S at rest. The sessions just run keep the CPUs and the memory bus busy for a while
-    after: on a 2-core AMD EPYC VM, FloatReads right after QuantizedReads or AttentionChains read 15-23 GB/s, and
-    29-34 GB/s 0.2 s later or alone (a quick calibration, which has one pass, read it 0.55x as fast as a full one)."""
+    after, and a quick calibration has one pass to read each probe in (docs/estimator.md, section 3)."""
     time.sleep(SETTLE_S)
     return measure()
 
@@ -918,9 +916,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     for grid, pts in plan:
         measured = fastest[grid.family]
         if quick and grid.family not in COMPUTE_FAMILIES:
-            # A quick calibration's one pass goes once more over the memory-bound ops (about a second): on a 2-core
-            # VM their kernels run at one of two speeds a session (Resize: 3 or 7 GB/s), and the fastest of three
-            # runs in one session kept the slower in half the quick calibrations (Resize priced 2x).
+            # A quick calibration's one pass goes once more over the memory-bound ops (about a second): such a
+            # kernel can run at one of two speeds a session, and three runs in one session keep the slower often.
             _keep_fastest(measured, measure(grid, pts))
         # Then up to two passes over the points that still look disturbed (much slower than their
         # neighbours); each keeps its fastest time. A real cliff (out of the cache) reads the same again.
@@ -974,8 +971,8 @@ def _feasible(family: str, p: tuple[float, ...], cache: int) -> bool:
     """Weight matrices up to 64 MiB: larger ones are priced by the streaming rate. Attention is measured
     on prefills (past 0: p[2] == 1) and decode steps (one new token) only, a decode step only while its keys
     and values (past and present) fit in the `cache`: the cost model prices their trips through memory apart
-    (KvReads); the wide products (N = WIDE) at up to 64 rows and K up to 1024, what a decode step and a short
-    prompt's LM head run."""
+    (AttentionChains); the wide products (N = WIDE) at up to 64 rows and K up to 1024, what a decode step and a
+    short prompt's LM head run."""
     if family == "gqa":
         return p[2] == 1.0 or (p[1] == 1.0 and _kv_bytes(p) <= cache)
     if p[-1] >= WIDE and family in ("gemm", "nbits", "nbits_f", "qgemm"):
