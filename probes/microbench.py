@@ -971,10 +971,13 @@ def _feasible(family: str, p: tuple[float, ...], cache: int) -> bool:
     """Weight matrices up to 64 MiB: larger ones are priced by the streaming rate. Attention is measured
     on prefills (past 0: p[2] == 1) and decode steps (one new token) only, a decode step only while its keys
     and values (past and present) fit in the `cache`: the cost model prices their trips through memory apart
-    (AttentionChains); the wide products (N = WIDE) at up to 64 rows and K up to 1024, what a decode step and a
-    short prompt's LM head run."""
+    (AttentionChains); a float product of one row only where its weights fit in the `cache` (beyond, its time is
+    their reads, and measured with them it priced them twice over); the wide products (N = WIDE) at up to 64 rows
+    and K up to 1024, what a decode step and a short prompt's LM head run."""
     if family == "gqa":
         return p[2] == 1.0 or (p[1] == 1.0 and _kv_bytes(p) <= cache)
+    if family == "gemm" and p[0] == 1.0 and 4 * p[1] * p[2] > cache:
+        return False  # one row over weights beyond the cache: it only streams them, priced by the read rates
     if p[-1] >= WIDE and family in ("gemm", "nbits", "nbits_f", "qgemm"):
         return p[0] <= 64 and p[1] <= 1024 and p[1] * p[2] * 4 <= 64 * 2 ** 20  # an LM head's few rows
     return family != "gemm" or p[1] * p[2] * 4 <= 64 * 2 ** 20

@@ -367,13 +367,16 @@ def test_attention_costs_are_never_negative_where_noise_would_fit_one_below_zero
     assert per_kv == 0.0 and per_query > 0
 
 
-def test_attention_is_calibrated_at_decode_steps_whose_cache_fits_and_at_every_prefill():
+def test_attention_decode_steps_and_one_row_products_are_calibrated_only_where_they_fit_in_the_cache():
     mib = 2 ** 20
     assert _feasible("gqa", (4.0, 1.0, 8192.0, 64.0), 32 * mib)  # one KV head: 8 MiB of past and present
     assert not _feasible("gqa", (16.0, 1.0, 8192.0, 64.0), 32 * mib)  # four: 32 MiB and more
     assert _feasible("gqa", (16.0, 1.0, 8192.0, 64.0), 64 * mib)
     assert _feasible("gqa", (16.0, 2048.0, 1.0, 128.0), 1 * mib)  # a prefill: no cache to carry
     assert not _feasible("gqa", (16.0, 16.0, 128.0, 64.0), 64 * mib)  # neither a prefill nor a decode step
+    # a one-row float product over weights beyond the cache only streams them: the read rates price it
+    assert not _feasible("gemm", (1.0, 4096.0, 4096.0), 32 * mib)
+    assert _feasible("gemm", (8.0, 4096.0, 4096.0), 32 * mib) and _feasible("gemm", (1.0, 1024.0, 4096.0), 32 * mib)
 
 
 def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxruntime():
