@@ -185,16 +185,17 @@ async def test_a_graph_that_takes_too_long_gets_an_error_and_others_are_still_se
 
 
     config = tmp_path / "slow.toml"
-    config.write_text("[limits]\nestimate_timeout_s = 0.5\nmax_request_bytes = 100000000\n")
+    # the limit leaves a small graph room on a host busy with other tests (0.5 s did not, once in CI)
+    config.write_text("[limits]\nestimate_timeout_s = 1.5\nmax_request_bytes = 100000000\n")
     agent = agent_on(device, state_dir, mosquitto.url, config, DEV).start()
     try:
-        big = mlp([8] * 6000, batch=1)  # 18,000 nodes: importing and planning take well over 0.5 s
+        big = mlp([8] * 6000, batch=1)  # 18,000 nodes: importing and planning take 3-4 s on a quiet 2-core VM
         async with client(mosquitto.port) as c:
             slow, _ = await request_v5(c, DEV, "estimate", {"onnx": base64.b64encode(big.SerializeToString()).decode()})
             assert slow["status"] == "error" and slow["error"]["code"] == "limit_exceeded", slow
-            assert "0.5 s" in slow["error"]["message"]
+            assert "1.5 s" in slow["error"]["message"]
             fine, _ = await request_v5(c, DEV, "estimate", {"onnx": SMALL})
-            assert fine["status"] == "ok"
+            assert fine["status"] == "ok", fine
     finally:
         agent.stop()
 
