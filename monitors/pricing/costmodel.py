@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -143,8 +144,6 @@ class CostModel:
         # what each block-quantized kernel of a decode step pays to start streaming (QuantizedReads; 0 for "gemm")
         self._stream_start = {f: r[2] for f, r in calibration.quantized_read_rates.items()}
         self._readings: dict[str, tuple[float, float | None]] = {}  # _reading's answers
-        # a decode step's attention beyond the cache: seconds per query head and per KV head an element of context
-        self._attention = self._fit_attention()
 
     def table(self, k: Kernel) -> str:
         """The calibration table that prices `k`."""
@@ -265,22 +264,24 @@ class CostModel:
             return None
         heads, _, context, head, kv_heads = k.params
         per_query, per_kv = self._attention
-        return k.repeat * (self._one_token(k) + context * head * (per_query * heads + per_kv * kv_heads * memory))
+        per_element = per_query * heads + per_kv * kv_heads * memory
+        return k.repeat * (self._one_token(k.params) + context * head * per_element)
 
-    def _one_token(self, k: Kernel) -> float:
+    def _one_token(self, params: tuple[float, ...]) -> float:
         """The attention of the same heads over one token and no past: what it costs beyond its context."""
-        p = (k.params[0], 1.0, 1.0, k.params[3], k.params[4])
-        return self.kernel_seconds(Kernel("gqa", p, work_of("gqa", p), k.op))
+        p = (params[0], 1.0, 1.0, params[3], params[4])
+        return self.kernel_seconds(Kernel("gqa", p, work_of("gqa", p)))
 
-    def _fit_attention(self) -> tuple[float, float] | None:
-        """(seconds per query head, per KV head) an element of the context: the least-squares fit, neither negative,
-        to the chains' times a layer less their cost at one token; None where calibration timed no two chains."""
+    @cached_property
+    def _attention(self) -> tuple[float, float] | None:
+        """A decode step's attention beyond the cache: (seconds per query head, per KV head) an element of the
+        context, the least-squares fit, neither negative, to the chains' times a layer less their cost at one token;
+        None where calibration timed no two chains. Fitted at its first use, not when the model loads."""
         chains = self.calibration.attention_chains
         if len(chains) < 2 or "gqa" not in self._interp:
             return None
         rows = np.array([(p[0] * p[2] * p[3], p[4] * p[2] * p[3]) for p, _ in chains])
-        times = np.array([s - self._one_token(Kernel("gqa", p, work_of("gqa", p))) for p, s in chains])
-        return _nonnegative_fit(rows, times)
+        return _nonnegative_fit(rows, np.array([s - self._one_token(p) for p, s in chains]))
 
     def stream_seconds(self, plan: Plan) -> float:
         """What the plan's latency gains per unit of memory slowdown: the secant from calibrated memory to memory
