@@ -43,7 +43,10 @@ def heavy_helpers(pid: int) -> dict[int, set[str]]:
     with the importers."""
     found = {}
     for child in psutil.Process(pid).children(recursive=True):
-        if child.status() == psutil.STATUS_ZOMBIE:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:  # left between the listing and the look: no helper any more
             continue
         libs = heavy_libraries(child.pid)
         if libs:
