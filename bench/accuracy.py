@@ -3,7 +3,9 @@
 For every zoo model: the estimate from the weightless graph (the calibration in
 the state dir; calibrated first when there is none) and the real latency of one
 inference (bench/groundtruth.py: default session, CPU, median after warm-up, in
-a fresh process, cached). Error = estimate / real - 1.
+a fresh process, cached). Error = estimate / real - 1. Column `now`: the error of
+the agent's present estimate, the same priced at the speed its warm refresh read
+right before the truth's runs (groundtruth.present_speed; truths measured with it).
 
     python -m bench.accuracy                     # whole zoo, table + summary
     python -m bench.accuracy --only 'bert|gpt'   # a subset (regex on the name)
@@ -23,7 +25,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +48,27 @@ class Row:
     real_iqr_ms: float | None = None
     real_min_ms: float | None = None
     error: float | None = None  # estimate / real - 1
+    present_ms: float | None = None  # the estimate at the speed read with the truth (the agent's answer then)
+    present_error: float | None = None
+    present_tier: str | None = None
     est_tier: str | None = None
     real_tier: str | None = None
     problem: str | None = None  # why an estimate or measurement is missing
 
 
-def estimate(estimator: Any, path: Path, inputs: dict[str, Any], device: str = "cpu") -> tuple[float, int]:
-    """The estimator's latency (ms) on `device` and kernel count for the model bound to `inputs`."""
+def estimate(estimator: Any, path: Path, inputs: dict[str, Any], device: str = "cpu",
+             probe: dict[str, float] | None = None) -> tuple[float, int, float | None]:
+    """The estimator's latency (ms) on `device` at rest, its kernel count, and its latency at the speed the truth's
+    warm refresh `probe` read (None without one) for the model bound to `inputs`."""
 
     graph = load_graph(path, inputs=inputs)
-    result = estimator.estimate(graph, device=device)
-    return result.latency_ms, result.kernels
+    plan = estimator.plan(graph, device)
+    result = estimator.estimate(plan, device=device)
+    present = None
+    if probe:
+        speed = groundtruth.present_speed(probe, estimator.calibrations[device].refresh_reference)
+        present = estimator.estimate(plan, device=device, speed=speed).latency_ms
+    return result.latency_ms, result.kernels, present
 
 
 def load_estimator(state_dir: Path, device: str = "cpu") -> Any:
@@ -69,26 +81,35 @@ def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_re
     """One row: build the file if needed, measure (or reuse) the real latency, then estimate."""
     row = Row(model.name, model.family)
     path = model.path()
+    probe = None
     try:
         real = groundtruth.measure(path, model.inputs, repeats=min_repeats, remeasure=remeasure, device=device)
+        probe = real.get("probe")
         row.real_ms, row.real_iqr_ms, row.real_min_ms = real["median_ms"], real["iqr_ms"], real["min_ms"]
         row.real_tier = tier_for(row.real_ms)
     except (RuntimeError, OSError, ValueError) as exc:
         row.problem = f"measure: {exc}"
     if estimator is not None:
         try:
-            row.estimate_ms, row.kernels = estimate(estimator, path, model.inputs, device)
+            row.estimate_ms, row.kernels, row.present_ms = estimate(estimator, path, model.inputs, device, probe)
             row.est_tier = tier_for(row.estimate_ms)
+            row.present_tier = tier_for(row.present_ms) if row.present_ms is not None else None
         except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a row, then goes on
             row.problem = "; ".join(filter(None, [row.problem, f"estimate: {type(exc).__name__}: {exc}"]))
     if row.estimate_ms is not None and row.real_ms:
         row.error = row.estimate_ms / row.real_ms - 1.0
+    if row.present_ms is not None and row.real_ms:
+        row.present_error = row.present_ms / row.real_ms - 1.0
     return row
 
 
-def summarize(rows: list[Row]) -> dict[str, Any]:
-    """Median |error|, shares within +/-10% and +/-25%, tier agreement; a missing estimate counts as a miss."""
+def summarize(rows: list[Row], present: bool = False) -> dict[str, Any]:
+    """Median |error|, shares within +/-10% and +/-25%, tier agreement; a missing estimate counts as a miss.
+    `present`: of the estimates at the speed read with the truth, over the rows that have one."""
     measured = [r for r in rows if r.real_ms is not None]
+    if present:
+        measured = [replace(r, error=r.present_error, est_tier=r.present_tier) for r in measured
+                    if r.present_error is not None]
     errors = [abs(r.error) for r in measured if r.error is not None]
     # --measure-only: no shares to give; otherwise a failed estimate counts as a miss
     estimator_used = any(r.estimate_ms is not None or "estimate:" in (r.problem or "") for r in rows)
@@ -125,14 +146,15 @@ def error_cells(error: float | None, real_ms: float | None, real_iqr_ms: float |
 
 
 HEADER = (f"{'model':34} {'kernels':>7} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  "
-          f"{'est tier':9} {'real tier':9}")
+          f"{'est tier':9} {'real tier':9} {'now':>5}")
 
 
 def format_row(r: Row) -> str:
     error, iqr = error_cells(r.error, r.real_ms, r.real_iqr_ms)
     mark = " *" if r.est_tier and r.real_tier and r.est_tier != r.real_tier else ""
     line = (f"{r.name:34} {r.kernels if r.kernels is not None else '-':>7} {ms(r.estimate_ms):>9} "
-            f"{ms(r.real_ms):>9} {iqr:>6} {error:>7}  {r.est_tier or '-':9} {r.real_tier or '-':9}{mark}")
+            f"{ms(r.real_ms):>9} {iqr:>6} {error:>7}  {r.est_tier or '-':9} {r.real_tier or '-':9} "
+            f"{error_cells(r.present_error, None, None)[0]:>5}{mark}")
     return line + (f"  [{r.problem}]" if r.problem else "")
 
 
@@ -148,6 +170,11 @@ def format_summary(rows: list[Row]) -> str:
         if errs:
             lines.append(f"  {family:13} n={len(errs):2}  median |error| {statistics.median(errs):.0%}  "
                          f"max |error| {max(errs):.0%}")
+    p = summarize(rows, present=True)
+    if p["estimated"]:
+        lines.append(f"at the speed read with the truth (the agent's present estimate, {p['estimated']} models): "
+                     f"median |error| {pct(p['median_abs_error'])}, within +/-10%: {pct(p['within_10'])}, "
+                     f"within +/-25%: {pct(p['within_25'])}, tier agreement: {pct(p['tier_agreement'])}")
     return "\n".join(lines)
 
 

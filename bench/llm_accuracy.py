@@ -22,7 +22,8 @@ The estimate: the weightless graph (the weights in model.onnx.data are never ope
 for the case from the decoder's inputs (monitors/graphs/decoder.py), planned and priced by
 the calibration in the state dir, at rest. Error = estimate / real - 1. A tier counts as right
 when it is the tier of the real latency or of a latency within 10 % of it (a case next to a
-tier boundary).
+tier boundary). Beside it, the agent's present estimate: the same at the speed the warm refresh
+read before the case's runs (CPU and memory multipliers, column `now`; groundtruth.present_speed).
 
     python -m bench.llm_accuracy                          # build, measure what is missing, estimate
     python -m bench.llm_accuracy --measure-only --remeasure --rounds 3
@@ -50,14 +51,14 @@ import onnxruntime as ort
 
 from agent import calibration_store
 from agent.config import default_state_dir
-from bench import llm_zoo
+from bench import groundtruth, llm_zoo
 from bench.accuracy import error_cells, ms, pct
 from bench.groundtruth import _timed, cpu_model
 from monitors.graphs.importer import load_decoder
 from monitors.pricing.generation import GenerationSpec
 from monitors.pricing.tiers import rank, tier_for
-from monitors.speed.present import AT_REST, Speed, memory_multiplier
-from probes.refresh import WarmRefresh, memory_slowdown
+from monitors.speed.present import Speed
+from probes.refresh import WarmRefresh
 
 CACHE_FILE = Path(__file__).resolve().parent / ".cache" / "llm_groundtruth.json"
 PREFILLS = (64, 256, 1024, 2048)
@@ -94,8 +95,9 @@ class Row:
     real_tier: str | None = None
     tier_ok: bool | None = None
     problem: str | None = None
-    memory: float | None = None  # the memory multiplier read with the truth against the calibration's reference
-    present_ms: float | None = None  # the estimate at that memory multiplier (as the agent's present estimate)
+    cpu: float | None = None  # the CPU multiplier the agent would have read with the truth (groundtruth.present_speed)
+    memory: float | None = None  # ... and the memory multiplier
+    present_ms: float | None = None  # the estimate at that speed (the agent's present estimate then)
     present_error: float | None = None
     present_tier_ok: bool | None = None
 
@@ -126,7 +128,7 @@ def _feeds(session: Any, case: Case, head_size: int) -> dict[str, Any]:
 def run_model(path: str, head_size: int, cases: list[tuple[int, int]], target_s: float = TARGET_S) -> dict[str, Any]:
     """Time every case of one model in this process: one default session, warm-up, then the timed runs. Before
     each case the warm refresh's probes, the stream probe too (`probe`): how fast memory streamed then, which the
-    estimate as the agent makes it (at the present memory speed) is priced at."""
+    estimate as the agent makes it (at the present speed) is priced at."""
 
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     refresh = WarmRefresh()
@@ -254,12 +256,9 @@ def _head_size(fam: llm_zoo.Family, precision: str) -> int:
 
 # --- the estimate ----------------------------------------------------------------------------------------------------
 
-def _present_speed(real: dict[str, Any], estimator: Any) -> tuple[float | None, Speed]:
-    """The memory multiplier the truth was measured at (its probe against the calibration's reference), and the
-    speed at rest but for it; None and at rest where either lacks the stream probe."""
-    reading = memory_slowdown(real.get("probe") or {}, estimator.calibrations["cpu"].refresh_reference)
-    memory = None if reading is None else memory_multiplier(reading)
-    return memory, replace(AT_REST, memory=memory or 1.0)
+def _present_speed(real: dict[str, Any], estimator: Any) -> Speed:
+    """The speed the agent would have priced its answer at when the truth was measured (groundtruth.present_speed)."""
+    return groundtruth.present_speed(real.get("probe"), estimator.calibrations["cpu"].refresh_reference)
 
 
 def _score(row: Row) -> None:
@@ -298,7 +297,8 @@ def estimate_rows(models: list[tuple[llm_zoo.Family, str]], estimator: Any | Non
                     row.estimate_ms = estimator.base_latency_ms(plan, "cpu")
                     row.est_tier = tier_for(row.estimate_ms)
                     if real is not None:
-                        row.memory, speed = _present_speed(real, estimator)
+                        speed = _present_speed(real, estimator)
+                        row.cpu, row.memory = speed.cpu, speed.memory
                         row.present_ms = estimator.estimate(plan, "cpu", speed).latency_ms
                 except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a row, then goes on
                     row.problem = f"estimate: {type(exc).__name__}: {exc}"
@@ -326,14 +326,15 @@ def _generation_row(fam: llm_zoo.Family, precision: str, key: str, truth: dict[s
         if real is not None:
             row.problem = (f"TTFT {times.ttft_ms:.1f} vs {real['ttft_ms']:.1f} ms, "
                            f"TPOT {times.tpot_ms:.2f} vs {real['tpot_ms']:.2f} ms")
-            row.memory, speed = _present_speed(real, estimator)
+            speed = _present_speed(real, estimator)
+            row.cpu, row.memory = speed.cpu, speed.memory
             row.present_ms = estimator.estimate_generation({"cpu": plan}, "cpu", speed).times.total_ms
     _score(row)
     return row
 
 
 def summarize(rows: list[Row], present: bool = False) -> dict[str, Any]:
-    """Scores of the estimates at rest, or (`present`) at the memory speed read with the truth."""
+    """Scores of the estimates at rest, or (`present`) at the speed read with the truth."""
     measured = [r for r in rows if r.real_ms is not None]
     if present:
         measured = [replace(r, error=r.present_error, tier_ok=r.present_tier_ok,
@@ -355,9 +356,9 @@ def summarize(rows: list[Row], present: bool = False) -> dict[str, Any]:
 def format_row(r: Row) -> str:
     error, iqr = error_cells(r.error, r.real_ms, r.real_iqr_ms)
     mark = "" if r.tier_ok in (True, None) else " *"
-    present = "-" if r.present_error is None else f"{100 * r.present_error:+.0f}% at {r.memory:.2f}"
+    present = "-" if r.present_error is None else f"{100 * r.present_error:+.0f}% at {r.cpu:.2f}/{r.memory:.2f}"
     line = (f"{r.model:26} {r.case:13} {ms(r.estimate_ms):>9} {ms(r.real_ms):>9} {iqr:>6} {error:>7}  "
-            f"{r.est_tier or '-':9} {r.real_tier or '-':9} {present:>14}{mark}")
+            f"{r.est_tier or '-':9} {r.real_tier or '-':9} {present:>18}{mark}")
     return line + (f"  [{r.problem}]" if r.problem else "")
 
 
@@ -374,14 +375,14 @@ def format_summary(rows: list[Row]) -> str:
                          f"{statistics.median(abs(e) for e in errs):.0%}  median signed {statistics.median(errs):+.0%}")
     p = summarize(rows, present=True)
     if p["estimated"]:
-        lines.append(f"at the memory speed read with the truth (the agent's present estimate): median |error| "
+        lines.append(f"at the speed read with the truth (the agent's present estimate): median |error| "
                      f"{pct(p['median_abs_error'])} (median signed {pct(p['median_signed_error'])}), within +/-10%: "
                      f"{pct(p['within_10'])}, within +/-25%: {pct(p['within_25'])}, tier right: {pct(p['tier_right'])}")
     return "\n".join(lines)
 
 
 HEADER = (f"{'model':26} {'case':13} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  "
-          f"{'est tier':9} {'real tier':9} {'now: err at B':>14}")
+          f"{'est tier':9} {'real tier':9} {'now: err at C/M':>18}")
 
 
 def main(argv: list[str] | None = None) -> int:

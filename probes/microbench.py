@@ -573,19 +573,25 @@ class MemoryLevels:
 # most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
 # about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
 # 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
-# Faulting the buffer in is what costs (about 2 s a GiB of system time on a VM): it is made once a calibration,
-# and a quick one makes half of it (where 4x the cache is less), where the rate has settled on those hosts.
+# Faulting the buffer in is what costs (about 1.6 s a GiB on a VM, and as much again for FloatReads' session): it is
+# made once a calibration, and a quick one makes half of it, where the rate has settled on those hosts (on a 2-core
+# Intel Xeon VM with 300 MiB of L3 reported and about 95 MiB held, FloatReads read 0.95x as fast over 288 MiB as
+# over 576).
 STREAM_BYTES = 2 ** 30
 SWEEP_WIDTH = 4096  # the sweep's weights are k x SWEEP_WIDTH float32
 STREAM_BLOCK = 2 ** 25  # each 32 MiB of the buffer holds its own value: onnxruntime shares equal initializers
 
 
+def stream_bytes(reported_cache: int, quick: bool = False) -> int:
+    """The bytes of weights the memory sweep and FloatReads read (above; `quick`: half as many)."""
+    return min(max(STREAM_BYTES, 4 * reported_cache) // (2 if quick else 1), 4 * STREAM_BYTES)
+
+
 def stream_buffer(reported_cache: int, largest: int | None = None, quick: bool = False) -> np.ndarray:
-    """The weights that the memory sweep and FloatReads read: rows of SWEEP_WIDTH float32, each block of
-    STREAM_BLOCK bytes filled with a value of its own (`quick`: half of STREAM_BYTES, above)."""
-    if largest is None:
-        largest = min(max(STREAM_BYTES // (2 if quick else 1), 4 * reported_cache), 4 * STREAM_BYTES)
-    size = min(largest, psutil.virtual_memory().available // 4)
+    """The weights that the memory sweep and FloatReads read (`largest` bytes, else stream_bytes'; at most a
+    quarter of the free memory): rows of SWEEP_WIDTH float32, each block of STREAM_BLOCK bytes valued apart."""
+    size = min(stream_bytes(reported_cache, quick) if largest is None else largest,
+               psutil.virtual_memory().available // 4)
     row = 4 * SWEEP_WIDTH
     buffer = np.empty((max(size // row, 1), SWEEP_WIDTH), np.float32)
     per_block = STREAM_BLOCK // row
@@ -881,6 +887,10 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     chains: list[tuple[float, float]] = []
     # The warm refresh's reference is read in each pass too and keeps its fastest, as the points do: it must
     # describe the same quiet device as the tables, and a host's slow phase can outlast three refreshes in a row.
+    # A quick calibration's one pass runs at whatever speed the host has through it, its tables too: its reference
+    # is the median of refreshes spread over the pass, one after each compute family's grid (on a 2-core Intel Xeon
+    # VM whose speed moved 1.2-1.8x by the minute, the fastest of those at the end of the pass read 0.88-0.93x a full
+    # calibration's where the pass's tables read 1.3-1.6x, and the agent priced models 28-29 % high at the median).
     refreshes: list[dict[str, float]] = []
     quantized: QuantizedReads | None = None
     floats: FloatReads | None = None
@@ -896,6 +906,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 done += len(batch) / passes
                 if progress:
                     progress(grid.family, round(done), total)
+            if quick and device == "cpu" and grid.family in COMPUTE_FAMILIES:
+                refreshes.append(refresh.measure(stream=True))  # spread over the one pass (below)
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             if buffer is None:
@@ -934,7 +946,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         quick=quick,
         seconds=time.perf_counter() - started,
         created=time.time(),
-        refresh_reference=refresh.reference(refreshes),
+        refresh_reference=refresh.reference(refreshes, typical=quick),
         stream_bytes_per_s=memory.stream_bytes_per_s,
         cache_bytes=memory.cache_bytes,
         read_rates=memory.rates,

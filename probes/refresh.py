@@ -56,6 +56,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -303,16 +304,18 @@ class WarmRefresh:
                 out[STREAM_KEY] = walls[2] / runs
             return out
 
-    def reference(self, earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
+    def reference(self, earlier: Iterable[dict[str, float]] = (), typical: bool = False) -> dict[str, float]:
         """The quiet device: each probe's fastest of REFERENCE_RUNS refreshes now and of `earlier` ones
-        (interference only ever adds time)."""
+        (interference only ever adds time). `typical`: each probe's median instead, for tables measured once at
+        whatever speed the host ran through them (a quick calibration), of readings spread over that time."""
         readings = [m for m in earlier if m.get(LOCKSTEP_KEY)]
         readings += [self.measure(stream=True) for _ in range(REFERENCE_RUNS)]
+        pick = statistics.median if typical else min
         out = dict(min(readings, key=lambda m: m[LOCKSTEP_KEY]))
-        for key in (HANDOFF_KEY, STREAM_KEY):
+        for key in (LOCKSTEP_KEY, HANDOFF_KEY, STREAM_KEY):
             times = [m[key] for m in readings if m.get(key)]
             if times:
-                out[key] = min(times)
+                out[key] = pick(times)
         return out
 
 
@@ -333,10 +336,10 @@ def measure(stream: bool = False) -> dict[str, float]:
     return _instance().measure(stream)
 
 
-def reference(earlier: Iterable[dict[str, float]] = ()) -> dict[str, float]:
+def reference(earlier: Iterable[dict[str, float]] = (), typical: bool = False) -> dict[str, float]:
     """The reference measurement, taken right after cold calibration; `earlier`: refreshes taken during
-    it, in each of its passes (probes/microbench.py), of which it keeps the fastest too."""
-    return _instance().reference(earlier)
+    it (probes/microbench.py), of which it keeps the fastest too (`typical`: the median of all)."""
+    return _instance().reference(earlier, typical)
 
 
 def slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:

@@ -33,6 +33,7 @@ from probes.microbench import (
     memory_sweep_sizes,
     overheads,
     stream_buffer,
+    stream_bytes,
 )
 
 
@@ -423,3 +424,10 @@ def test_quick_grids_keep_every_compute_point_but_the_costliest_and_thin_the_mem
             assert g.axes == full[family].axes
         else:
             assert len(g.axes[0]) < len(full[family].axes[0])
+
+
+def test_stream_bytes_beyond_a_large_reported_cache_and_half_as_many_in_a_quick_calibration() -> None:
+    mib = 2 ** 20
+    assert stream_bytes(32 * mib) == 1024 * mib and stream_bytes(32 * mib, quick=True) == 512 * mib
+    assert stream_bytes(300 * mib) == 1200 * mib and stream_bytes(300 * mib, quick=True) == 600 * mib
+    assert stream_bytes(2048 * mib) == 4096 * mib  # at most 4 GiB

@@ -7,6 +7,8 @@ import pytest
 
 from bench import groundtruth, zoo
 from monitors.graphs.importer import load_graph
+from monitors.speed.present import AT_REST, MEASURED_WEIGHT, MEMORY_NOISE
+from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY, STREAM_KEY
 
 
 def test_zoo_entries_are_unique_and_fully_bound() -> None:
@@ -47,6 +49,8 @@ def test_groundtruth_times_in_a_subprocess_and_caches(tmp_path) -> None:
     cache = tmp_path / "gt.json"
     first = groundtruth.measure(path, model.inputs, repeats=5, target_s=0.05, cache_file=cache)
     assert not first["cached"] and first["repeats"] >= 5 and first["median_ms"] > 0
+    # the warm refresh the agent would have taken then, all three probes
+    assert all(first["probe"][k] > 0 for k in (LOCKSTEP_KEY, HANDOFF_KEY, STREAM_KEY))
     again = groundtruth.measure(path, model.inputs, repeats=5, target_s=0.05, cache_file=cache)
     assert again["cached"] and again["median_ms"] == first["median_ms"]
     other = {name: type(spec)((2, *spec.shape[1:]), spec.dtype) for name, spec in model.inputs.items()}
@@ -69,3 +73,15 @@ def test_groundtruth_rounds_spread_over_all_models_keep_each_ones_lowest_median(
     assert f"{squeeze['median_ms']:.3g}" == f"{min(medians[0], medians[2]):.3g}"
     groundtruth.measure_spread(jobs[:1], rounds=2, cache_file=cache, log=lines.append)
     assert len(lines) == 4  # cached: not measured again without remeasure
+
+
+def test_groundtruth_present_speed_is_the_agents_answer_from_the_refresh_taken_with_the_truth() -> None:
+    reference = {LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: 1e-3, STREAM_KEY: 3e-3}
+    # a slow phase: compute 1.44x, handoffs 1 ms more than that explains, memory 1.5x beyond the compute's slowdown
+    probe = {LOCKSTEP_KEY: 1.44e-3, HANDOFF_KEY: 1.44e-3 + 1e-3, STREAM_KEY: 1.44 * 1.5 * 3e-3}
+    speed = groundtruth.present_speed(probe, reference)
+    assert speed.cpu == pytest.approx(1.44 ** MEASURED_WEIGHT, abs=1e-4)  # blended as on a quiet device
+    assert speed.handoff_ms_per_mb == pytest.approx(1.0 / HANDOFF_MB, abs=1e-5)
+    assert speed.memory == pytest.approx(1.5 / MEMORY_NOISE, abs=1e-4)
+    assert groundtruth.present_speed(None, reference) == AT_REST
+    assert groundtruth.present_speed(reference, reference).cpu == 1.0

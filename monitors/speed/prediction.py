@@ -38,6 +38,9 @@ class CpuPrediction:
     reasons: tuple[str, ...]  # why (local only: may carry figures)
 
 
+QUIET = CpuPrediction(1.0, 1.0, ())  # what the signals predict for a device nothing contends for
+
+
 def lockstep_penalty(oversubscription: float, threads: int) -> float:
     """The straggler penalty of `threads` lock-stepped intra-op threads at a fair-share slowdown of
     `oversubscription`; it ramps in over the first half core of oversubscription (continuous)."""

@@ -53,7 +53,7 @@ from typing import NamedTuple
 import numpy as np
 
 from monitors.devices import DEVICE_INDEX, DEVICES
-from monitors.speed.prediction import MAX_FACTOR, predict_cpu, predict_gpu
+from monitors.speed.prediction import MAX_FACTOR, CpuPrediction, predict_cpu, predict_gpu
 from monitors.speed.refresh_policy import RefreshPolicy
 from probes.state import DeviceState
 
@@ -254,7 +254,16 @@ def speed_from_state(state: DeviceState, threads: int, measurement: Measurement 
                      current: bool = False) -> Speed:
     """The present speed of this device in `state`, with onnxruntime's `threads` intra-op threads and the
     latest warm-refresh `measurement` (`current`: taken after the last marked state change)."""
-    p = predict_cpu(state, threads)
+    cpu = cpu_speed(predict_cpu(state, threads), measurement, current)
+    gpu, gpu_free, gpu_reasons = predict_gpu(state)
+    return replace(cpu, gpu=None if gpu is None else round(gpu, 4), gpu_free_bytes=gpu_free,
+                   reasons=cpu.reasons + tuple(gpu_reasons), mem_available_bytes=state.memory.available_bytes)
+
+
+def cpu_speed(p: CpuPrediction, measurement: Measurement | None, current: bool) -> Speed:
+    """The CPU's part of the present speed, from the signals' prediction `p` and the latest warm-refresh
+    `measurement` (no GPU, memory unknown): what the agent answers on a device that nothing contends for, given
+    prediction.QUIET (bench.groundtruth prices its ground truth so)."""
     reasons = list(p.reasons)
     cpu = combine(p.factor, p.contention, measurement, current)
     measured = None if measurement is None else measurement.slowdown
@@ -268,13 +277,9 @@ def speed_from_state(state: DeviceState, threads: int, measurement: Measurement 
     memory = memory_multiplier(None if measurement is None else measurement.memory)
     if memory >= NOTABLE_MEMORY:
         reasons.append(f"memory streams {memory:.2f}x slower than calibrated")
-    gpu, gpu_free, gpu_reasons = predict_gpu(state)
     return Speed(
         cpu=round(min(MAX_FACTOR, max(MIN_FACTOR, cpu)), 4),
-        gpu=None if gpu is None else round(gpu, 4),
-        gpu_free_bytes=gpu_free,
-        reasons=tuple(reasons + gpu_reasons),
-        mem_available_bytes=state.memory.available_bytes,
+        reasons=tuple(reasons),
         predicted_cpu=round(p.factor, 4),
         measured_cpu=measured,
         handoff_ms_per_mb=round(handoff, 5),
