@@ -103,15 +103,21 @@ def test_reference_keeps_the_fastest_refresh():
     assert Scripted(threads=1).reference()[LOCKSTEP_KEY] == 1e-3
 
 
-def test_reference_keeps_each_probe_s_fastest_reading():
-    readings = iter([(3e-3, 0.5e-3), (1e-3, 0.9e-3), (2e-3, 0.6e-3)])
+def _scripted(readings: list[tuple[float, float]]) -> WarmRefresh:
+    """A refresh whose measurements are (compute probe, handoff probe) seconds, in turn."""
+    left = iter(readings)
 
     class Scripted(WarmRefresh):
         def measure(self, stream=False):
-            lockstep, handoff = next(readings)
+            lockstep, handoff = next(left)
             return {LOCKSTEP_KEY: lockstep, HANDOFF_KEY: handoff, "threads": 2.0, "cores": 2.0}
 
-    reference = Scripted(threads=1).reference([{LOCKSTEP_KEY: 4e-3}])  # an older probe's reading: no handoff
+    return Scripted(threads=1)
+
+
+def test_reference_keeps_each_probe_s_fastest_reading():
+    readings = [(3e-3, 0.5e-3), (1e-3, 0.9e-3), (2e-3, 0.6e-3)]
+    reference = _scripted(readings).reference([{LOCKSTEP_KEY: 4e-3}])  # an older probe's reading: no handoff
     assert (reference[LOCKSTEP_KEY], reference[HANDOFF_KEY]) == (1e-3, 0.5e-3)
 
 
@@ -187,15 +193,8 @@ def test_a_real_quick_calibration_spreads_the_probe_over_its_pass_and_keeps_the_
 
 
 def test_a_typical_reference_is_each_probe_s_median():
-    readings = iter([(3e-3, 0.5e-3), (1e-3, 0.9e-3), (2e-3, 0.6e-3)])
-
-    class Scripted(WarmRefresh):
-        def measure(self, stream=False):
-            lockstep, handoff = next(readings)
-            return {LOCKSTEP_KEY: lockstep, HANDOFF_KEY: handoff, "threads": 2.0, "cores": 2.0}
-
     earlier = [{LOCKSTEP_KEY: 5e-3, HANDOFF_KEY: 0.8e-3}, {LOCKSTEP_KEY: 4e-3, HANDOFF_KEY: 0.7e-3}]
-    reference = Scripted(threads=1).reference(earlier, typical=True)
+    reference = _scripted([(3e-3, 0.5e-3), (1e-3, 0.9e-3), (2e-3, 0.6e-3)]).reference(earlier, typical=True)
     assert (reference[LOCKSTEP_KEY], reference[HANDOFF_KEY]) == (3e-3, 0.7e-3)
 
 
