@@ -194,6 +194,17 @@ def test_written_bytes_is_each_family_s_output_in_float32() -> None:
     assert Kernel("view", (1e6,), 1e6).written_bytes == 0.0
 
 
+def test_a_reshape_within_the_graph_moves_nothing_and_one_into_its_output_copies():
+    """onnxruntime's Reshape aliases its input, unless its output is the graph's (which must own its memory)."""
+    shape = nh.from_array(np.array([64, 256], np.int64), "shape")
+    nodes = [h.make_node("Relu", ["x"], ["a"]), h.make_node("Reshape", ["a", "shape"], ["b"]),
+             h.make_node("Relu", ["b"], ["c"]), h.make_node("Flatten", ["c"], ["y"])]
+    p = plan(_graph(make_model(nodes, [value("x", [1, 16384])], [value("y", None)], [shape])))
+    within, output = (k for k in p.kernels if k.family == "view")
+    assert (within.op, within.work) == ("Reshape", 0.0)
+    assert (output.op, output.work) == ("Flatten", 2 * 16384 * 4)  # read and written
+
+
 def test_a_channels_last_webnn_graph_s_transposes_cancel_as_in_onnxruntime(tmp_path):
     """WebNN's `inputLayout: "nhwc"` wraps each convolution in Transposes; onnxruntime pushes them through the
     activations, resizes and concatenations between convolutions until they cancel, and the convolutions chain
