@@ -469,8 +469,21 @@ def _profile_points(points: list[_Point], runs: int, providers: list[str],
     probe = _do_nothing(BIAS_PROBES)
     names = [n.output[0] for n in probe.nodes]
     read = _profile(points + [probe], [p.output for p in points] + names, runs, providers, rng)
-    bias = float(np.mean([read[n] for n in names if n in read] or [0.0]))  # the mean: whole microseconds
+    bias = _mean_of(read, names)
     return {p.output: max(read[p.output] - bias, 1e-8) for p in points if p.output in read}
+
+
+def profiler_cost(runs: int = 10) -> float:
+    """The profiler's own cost per kernel it times (seconds), read on a session of kernels that do nothing: what
+    bench.kernel_errors takes off each kernel of a model's profile, as _profile_points does off the points'."""
+    probe = _do_nothing(BIAS_PROBES)
+    names = [n.output[0] for n in probe.nodes]
+    return _mean_of(_profile([probe], names, runs, ["CPUExecutionProvider"], np.random.default_rng(0)), names)
+
+
+def _mean_of(read: dict[str, float], names: list[str]) -> float:
+    """The mean time of the do-nothing kernels `names` (the mean: the profiler counts whole microseconds)."""
+    return float(np.mean([read[n] for n in names if n in read] or [0.0]))
 
 
 def _gpu_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dict[str, float]:

@@ -32,6 +32,7 @@ from probes.microbench import (
     memory_levels,
     memory_sweep_sizes,
     overheads,
+    profiler_cost,
     stream_buffer,
     stream_bytes,
 )
@@ -392,6 +393,8 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
     assert set(own) == {"y_small", "y_big"}
     assert own["y_small"] < 0.5 * read["y_small"]  # a kernel that does next to nothing: mostly the profiler
     assert own["y_big"] > 10 * own["y_small"]
+    # the same cost read apart (bench.kernel_errors takes it off a model's profile)
+    assert 0 < profiler_cost(runs=5) < read["y_big"]
 
 
 def test_overheads_are_the_slope_and_intercept_of_the_chains_never_negative():
