@@ -466,24 +466,24 @@ def _profile_points(points: list[_Point], runs: int, providers: list[str],
     that reads no more than it costs next to nothing beyond its dispatch, which the per-kernel
     overhead (wall clock, below) prices.
     """
-    probe = _do_nothing(BIAS_PROBES)
-    names = [n.output[0] for n in probe.nodes]
-    read = _profile(points + [probe], [p.output for p in points] + names, runs, providers, rng)
-    bias = _mean_of(read, names)
+    read, bias = _profile_beside_nothing(points, runs, providers, rng)
     return {p.output: max(read[p.output] - bias, 1e-8) for p in points if p.output in read}
 
 
 def profiler_cost(runs: int = 10) -> float:
     """The profiler's own cost per kernel it times (seconds), read on a session of kernels that do nothing: what
     bench.kernel_errors takes off each kernel of a model's profile, as _profile_points does off the points'."""
+    return _profile_beside_nothing([], runs, ["CPUExecutionProvider"], np.random.default_rng(0))[1]
+
+
+def _profile_beside_nothing(points: list[_Point], runs: int, providers: list[str],
+                            rng: np.random.Generator) -> tuple[dict[str, float], float]:
+    """The points' profiled times, in one session with BIAS_PROBES kernels that do nothing, and those kernels' mean
+    time (the mean: the profiler counts whole microseconds)."""
     probe = _do_nothing(BIAS_PROBES)
     names = [n.output[0] for n in probe.nodes]
-    return _mean_of(_profile([probe], names, runs, ["CPUExecutionProvider"], np.random.default_rng(0)), names)
-
-
-def _mean_of(read: dict[str, float], names: list[str]) -> float:
-    """The mean time of the do-nothing kernels `names` (the mean: the profiler counts whole microseconds)."""
-    return float(np.mean([read[n] for n in names if n in read] or [0.0]))
+    read = _profile(points + [probe], [p.output for p in points] + names, runs, providers, rng)
+    return read, float(np.mean([read[n] for n in names if n in read] or [0.0]))
 
 
 def _gpu_times(points: list[_Point], runs: int, rng: np.random.Generator) -> dict[str, float]:
