@@ -55,6 +55,13 @@ class Grid:
     max_work: float  # skip points beyond this much work (FLOPs or bytes)
 
 
+# The most bytes a memory-bound op's grid moves, where it is not 128 MiB: ops that run well below memory's rate, whose
+# rate holds from a few MiB on, and whose largest points took seconds. A quantized gather moves 3 GB/s: up to 8 MiB (a
+# prompt of 2,048 tokens of width 1,024). LRN sums a window of squares per element, 0.4 GB/s on a 2-core AMD EPYC VM
+# from 16 KiB to 64 MiB (within 5 %): up to 16 MiB, twice a batch-8 AlexNet's.
+_MEMORY_OP_MOST = {"GatherBlockQuantized": 2 ** 23, "LRN": 2 ** 24}
+
+
 def grids(quick: bool) -> list[Grid]:
     """The calibration grids; `quick` leaves out the costliest points and thins the memory-bound ones.
 
@@ -81,8 +88,7 @@ def grids(quick: bool) -> list[Grid]:
     ]
     sizes = tuple(float(2 ** k) for k in range(8, 27, 2))  # 256 B .. 64 MiB moved
     for op in MEMORY_OPS:
-        # a quantized gather moves 3 GB/s: up to 8 MiB (a prompt of 2,048 tokens of width 1,024)
-        g.append(Grid(op, (sizes,), 2 ** 23 if op == "GatherBlockQuantized" else 2 ** 27))
+        g.append(Grid(op, (sizes,), _MEMORY_OP_MOST.get(op, 2 ** 27)))
     if quick:  # no point of more than a third of the largest work; memory-bound ops every other size
         g = [Grid(x.family, x.axes if x.family in COMPUTE_FAMILIES else tuple(_thin(a) for a in x.axes),
                   x.max_work / 3) for x in g]
@@ -419,9 +425,18 @@ def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str,
     return {i.name: feed(i) for i in session.get_inputs()}
 
 
+# A session's timed runs: `runs`, but no more than MIN_RUNS once they have taken RUNS_BUDGET_S. A point's readings vary
+# more from one pass to the next than between the runs of one session (2-core AMD EPYC VM: a pass's median point read
+# 1.0-1.8x its fastest of six passes, at 3 runs a session as at 15), least for long kernels, and their runs took most of
+# a full calibration (the points' runs: 33 of its 70 s there). The passes, not the runs, find the quiet device.
+MIN_RUNS = 2
+RUNS_BUDGET_S = 0.03
+
+
 def _profile(points: list[_Point], outputs: list[str], runs: int, providers: list[str],
              rng: np.random.Generator) -> dict[str, float]:
-    """Each timed output's kernel time (seconds) as onnxruntime's profiler reads it, its own cost included."""
+    """Each timed output's kernel time (seconds) as onnxruntime's profiler reads it, its own cost included, from
+    `runs` runs after one that warms up (fewer where they take long: RUNS_BUDGET_S)."""
     with tempfile.TemporaryDirectory(prefix="daop-cal-") as tmp:
         so = ort.SessionOptions()
         so.enable_profiling = True
@@ -429,8 +444,14 @@ def _profile(points: list[_Point], outputs: list[str], runs: int, providers: lis
         so.log_severity_level = 3
         session = _session(points, so, providers)
         feeds = _feeds(session, rng)
-        for _ in range(runs + 1):
+        session.run(None, feeds)  # warms caches and the allocator; dropped below
+        spent = 0.0
+        for done in range(runs):
+            if done >= MIN_RUNS and spent >= RUNS_BUDGET_S:
+                break
+            t0 = time.perf_counter()
             session.run(None, feeds)
+            spent += time.perf_counter() - t0
         events = json.load(open(session.end_profiling()))
     times: dict[str, list[float]] = {o: [] for o in outputs}
     for e in events:

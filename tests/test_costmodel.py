@@ -19,6 +19,7 @@ from probes.calibration import (
 from probes.microbench import (
     CHAIN_LONG,
     CHAIN_SHORT,
+    MIN_RUNS,
     AttentionChains,
     FloatReads,
     MemoryLevels,
@@ -395,6 +396,24 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
     assert own["y_big"] > 10 * own["y_small"]
     # the same cost read apart (bench.kernel_errors takes it off a model's profile)
     assert 0 < profiler_cost(runs=5) < read["y_big"]
+
+
+@pytest.mark.parametrize(("budget_s", "timed"), [(0.0, MIN_RUNS), (math.inf, 6)])
+def test_a_session_whose_runs_take_long_is_timed_fewer_times_real_onnxruntime(monkeypatch, budget_s, timed):
+    import probes.microbench as microbench  # noqa: PLC0415 - its module constant is what is patched
+
+    runs = []
+    real_run = microbench.ort.InferenceSession.run
+    def counted(session, *args, **kwargs):
+        runs.append(1)
+        return real_run(session, *args, **kwargs)
+
+    monkeypatch.setattr(microbench.ort.InferenceSession, "run", counted)
+    monkeypatch.setattr(microbench, "RUNS_BUDGET_S", budget_s)
+    rng = np.random.default_rng(0)
+    read = _profile([_point("Relu", (4096.0,), "r", rng)], ["y_r"], 6, ["CPUExecutionProvider"], rng)
+    assert read["y_r"] > 0
+    assert len(runs) == 1 + timed  # and one before them that warms up, unread
 
 
 def test_overheads_are_the_slope_and_intercept_of_the_chains_never_negative():
