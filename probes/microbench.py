@@ -55,10 +55,11 @@ class Grid:
     max_work: float  # skip points beyond this much work (FLOPs or bytes)
 
 
-# The most bytes a memory-bound op's grid moves, where it is not 128 MiB: ops that run well below memory's rate, whose
-# rate holds from a few MiB on, and whose largest points took seconds. A quantized gather moves 3 GB/s: up to 8 MiB (a
-# prompt of 2,048 tokens of width 1,024). LRN sums a window of squares per element, 0.4 GB/s on a 2-core AMD EPYC VM
-# from 16 KiB to 64 MiB (within 5 %): up to 16 MiB, twice a batch-8 AlexNet's.
+# The most bytes a memory-bound op's grid moves, where not all of its sizes (to 64 MiB): ops that run well below
+# memory's rate, whose rate holds from a few MiB on, and whose largest points took seconds. A quantized gather moves
+# 3 GB/s: up to 8 MiB (a prompt of 2,048 tokens of width 1,024). LRN sums a window of squares per element, 0.4 GB/s
+# on a 2-core AMD EPYC VM from 16 KiB to 64 MiB (within 5 %): up to 16 MiB (a batch-8 AlexNet's moves 19 MB, priced
+# at the rate of the largest point).
 _MEMORY_OP_MOST = {"GatherBlockQuantized": 2 ** 23, "LRN": 2 ** 24}
 
 
@@ -427,8 +428,8 @@ def _feeds(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str,
 
 # A session's timed runs: `runs`, but no more than MIN_RUNS once they have taken RUNS_BUDGET_S. A point's readings vary
 # more from one pass to the next than between the runs of one session (2-core AMD EPYC VM: a pass's median point read
-# 1.0-1.8x its fastest of six passes, at 3 runs a session as at 15), least for long kernels, and their runs took most of
-# a full calibration (the points' runs: 33 of its 70 s there). The passes, not the runs, find the quiet device.
+# 1.0-1.8x its fastest of six passes, at 3 runs a session as at 15), least for long kernels, and the points' runs
+# were half of a full calibration (33 of its 70 s there). The passes, not the runs, find the quiet device.
 MIN_RUNS = 2
 RUNS_BUDGET_S = 0.03
 
