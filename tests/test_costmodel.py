@@ -8,6 +8,7 @@ import pytest
 
 from monitors.pricing.costmodel import MAX_SHARE, CostModel, weight_bytes
 from monitors.pricing.kernels import Kernel, Plan
+from probes import microbench
 from probes.calibration import (
     COMPUTE_FAMILIES,
     QUANTIZED_CHAIN_K,
@@ -400,10 +401,9 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
 
 @pytest.mark.parametrize(("budget_s", "timed"), [(0.0, MIN_RUNS), (math.inf, 6)])
 def test_a_session_whose_runs_take_long_is_timed_fewer_times_real_onnxruntime(monkeypatch, budget_s, timed):
-    import probes.microbench as microbench  # noqa: PLC0415 - its module constant is what is patched
-
     runs = []
     real_run = microbench.ort.InferenceSession.run
+
     def counted(session, *args, **kwargs):
         runs.append(1)
         return real_run(session, *args, **kwargs)
