@@ -20,7 +20,6 @@ from probes.calibration import (
 from probes.microbench import (
     CHAIN_LONG,
     CHAIN_SHORT,
-    MIN_RUNS,
     AttentionChains,
     FloatReads,
     MemoryLevels,
@@ -399,7 +398,7 @@ def test_profiled_points_lose_the_profilers_own_cost_read_beside_them_real_onnxr
     assert 0 < profiler_cost(runs=5) < read["y_big"]
 
 
-@pytest.mark.parametrize(("budget_s", "timed"), [(0.0, MIN_RUNS), (math.inf, 6)])
+@pytest.mark.parametrize(("budget_s", "timed"), [(0.0, microbench.MIN_RUNS), (math.inf, 6)])
 def test_a_session_whose_runs_take_long_is_timed_fewer_times_real_onnxruntime(monkeypatch, budget_s, timed):
     runs = []
     real_run = microbench.ort.InferenceSession.run
