@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -608,18 +609,19 @@ class MemoryLevels:
 # most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
 # about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
 # 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
-# Faulting the buffer in is what costs (about 1.6 s a GiB on a VM, and as much again for FloatReads' session): it is
-# made once a calibration, and a quick one makes half of it, where the rate has settled on those hosts (on a 2-core
-# Intel Xeon VM with 300 MiB of L3 reported and about 95 MiB held, FloatReads read 0.95x as fast over 288 MiB as
-# over 576).
+# Faulting the buffer in is what costs (1.6-3 s a GiB on a VM, and as much again for FloatReads' session): it is
+# made once a calibration, and a quick one makes a quarter of it, where the rate has settled on those hosts (on a
+# 2-core Intel Xeon VM with 300 MiB of L3 reported and about 95 MiB held, FloatReads read 0.95x as fast over 288 MiB
+# as over 576; on the AMD EPYC VM, with 32 MiB reported, the sweep read within 3 % from 128 MiB to 256 MiB, and the
+# buffer took 1.65 s of a 14.1 s quick calibration at half the full size).
 STREAM_BYTES = 2 ** 30
 SWEEP_WIDTH = 4096  # the sweep's weights are k x SWEEP_WIDTH float32
 STREAM_BLOCK = 2 ** 25  # each 32 MiB of the buffer holds its own value: onnxruntime shares equal initializers
 
 
 def stream_bytes(reported_cache: int, quick: bool = False) -> int:
-    """The bytes of weights the memory sweep and FloatReads read (above; `quick`: half as many)."""
-    return min(max(STREAM_BYTES, 4 * reported_cache) // (2 if quick else 1), 4 * STREAM_BYTES)
+    """The bytes of weights the memory sweep and FloatReads read (above; `quick`: a quarter as many)."""
+    return min(max(STREAM_BYTES, 4 * reported_cache), 4 * STREAM_BYTES) // (4 if quick else 1)
 
 
 def stream_buffer(reported_cache: int, largest: int | None = None, quick: bool = False) -> np.ndarray:
@@ -727,7 +729,7 @@ class QuantizedReads:
         all its measurements (five runs each): the two chains' difference gives the time per kernel, and a
         disturbed pass of the small chain alone read 80 us a kernel where the quiet ones read 2-6."""
         for key, session in self.sessions.items():
-            self.fastest[key] = min(_fastest_run(session, {"x": self.x}), self.fastest.get(key, math.inf))
+            self.fastest[key] = min(_run_time(session, {"x": self.x}), self.fastest.get(key, math.inf))
         times = self.fastest
         out = {}
         for family in ("nbits", "nbits_f"):
@@ -772,9 +774,12 @@ class FloatReads:
         self.fastest = math.inf
 
     def measure(self) -> tuple[int, float, float]:
-        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest run of
-        all its measurements (five runs each)."""
-        self.fastest = min(_fastest_run(self.session, {"x": self.x}), self.fastest)
+        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest of its
+        measurements, each the median of its runs: a stream from memory runs slower one run in several (on the AMD
+        EPYC VM of docs/accuracy.md the median of seven read 0.90-0.97x the fastest, once 0.68x), and so do the
+        decode steps it prices (their median run over their fastest: 1.12 across the zoo's, 1.05 across its CNNs),
+        whose ground truth is their median."""
+        self.fastest = min(_run_time(self.session, {"x": self.x}, statistics.median), self.fastest)
         return self.bytes, self.bytes / self.fastest, 0.0
 
 
@@ -818,7 +823,7 @@ class AttentionChains:
         """gqa coordinates (query heads, 1, context, head size, KV heads) -> seconds a layer, from each chain's
         fastest run of all its measurements (five runs each)."""
         for params, layers, session, feeds in self.chains:
-            self.fastest[params] = min(_fastest_run(session, feeds) / layers, self.fastest.get(params, math.inf))
+            self.fastest[params] = min(_run_time(session, feeds) / layers, self.fastest.get(params, math.inf))
         return dict(self.fastest)
 
 
@@ -833,15 +838,16 @@ def _settled(measure: Callable[[], T]) -> T:
     return measure()
 
 
-def _fastest_run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
-    """Seconds of the fastest of `runs` runs, after one that warms the session up."""
+def _run_time(session: ort.InferenceSession, feeds: dict[str, np.ndarray],
+              pick: Callable[[list[float]], float] = min, runs: int = 5) -> float:
+    """Seconds of the fastest (`pick`: another statistic) of `runs` runs, after one that warms the session up."""
     session.run(None, feeds)
-    best = math.inf
+    times = []
     for _ in range(runs):
         t0 = time.perf_counter()
         session.run(None, feeds)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return pick(times)
 
 
 def _vector_matrix_session(width: int) -> ort.InferenceSession:

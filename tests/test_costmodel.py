@@ -258,6 +258,24 @@ def test_float_reads_chain_distinct_weights_held_by_the_session_real_onnxruntime
                                                          rel=1e-4)
 
 
+def test_float_reads_keep_the_fastest_measurement_of_typical_runs(monkeypatch):
+    # a stream from memory is slow one run in several, as the decode steps it prices are, whose truth is a median:
+    # each measurement is its runs' median (here 2 s, not the fastest 1 s), and the fastest measurement is kept
+    reads = FloatReads(0, stream_buffer(0, largest=4 * 4 * FloatReads.K * FloatReads.N))
+    now = [0.0]
+    durations = iter([0.5, 2.0, 1.0, 3.0, 9.0, 2.0,   # a warm-up run, then five: median 2 s
+                      0.5, 4.0, 4.0, 3.0, 9.0, 4.0])  # a slower measurement: median 4 s, not kept
+
+    class Session:
+        def run(self, outputs, feeds):
+            now[0] += next(durations)
+
+    monkeypatch.setattr(microbench.time, "perf_counter", lambda: now[0])
+    reads.session = Session()
+    assert reads.measure()[1] == pytest.approx(reads.bytes / 2.0)
+    assert reads.measure()[1] == pytest.approx(reads.bytes / 2.0)
+
+
 def test_a_float_decode_step_streams_at_the_rate_its_own_kernels_read_relative_to_the_sweep():
     mib = 2 ** 20
     rates = ((16 * mib, 7.5e9), (256 * mib, 2.7e9), (1024 * mib, 2.25e9), (2048 * mib, 2e9))
@@ -447,8 +465,8 @@ def test_quick_grids_keep_every_compute_point_but_the_costliest_and_thin_the_mem
             assert len(g.axes[0]) < len(full[family].axes[0])
 
 
-def test_stream_bytes_beyond_a_large_reported_cache_and_half_as_many_in_a_quick_calibration() -> None:
+def test_stream_bytes_beyond_a_large_reported_cache_and_a_quarter_as_many_in_a_quick_calibration() -> None:
     mib = 2 ** 20
-    assert stream_bytes(32 * mib) == 1024 * mib and stream_bytes(32 * mib, quick=True) == 512 * mib
-    assert stream_bytes(300 * mib) == 1200 * mib and stream_bytes(300 * mib, quick=True) == 600 * mib
+    assert stream_bytes(32 * mib) == 1024 * mib and stream_bytes(32 * mib, quick=True) == 256 * mib
+    assert stream_bytes(300 * mib) == 1200 * mib and stream_bytes(300 * mib, quick=True) == 300 * mib
     assert stream_bytes(2048 * mib) == 4096 * mib  # at most 4 GiB
