@@ -413,6 +413,12 @@ async def measured_apart(stream: bool = False, timeout_s: float = APART_TIMEOUT_
             raise RuntimeError(f"the refresh process said nothing readable: {exc}") from None
         cpu_s = reading.pop(CPU_S_KEY, 0.0)
         yield reading, cpu_s
+    except asyncio.CancelledError:
+        # The agent stops: the process goes with it now, whether it was measuring or waiting to be let go (waiting
+        # for it to end added up to LEAVE_TIMEOUT_S to the stop, and a stop has 10-15 s in all).
+        if proc.returncode is None:
+            proc.kill()
+        raise
     finally:
         if proc.returncode is None:
             proc.stdin.close()  # let go: it ends
@@ -421,7 +427,7 @@ async def measured_apart(stream: bool = False, timeout_s: float = APART_TIMEOUT_
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-            except asyncio.CancelledError:  # the agent stops: the process goes with it
+            except asyncio.CancelledError:  # the agent stops while it leaves: the process goes with it
                 proc.kill()
                 raise
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import subprocess
@@ -332,3 +333,34 @@ async def test_measured_apart_reports_a_failing_process(monkeypatch):
     with pytest.raises(RuntimeError, match="exited with 1"):
         async with refresh.measured_apart():
             pass
+
+
+@pytest.mark.parametrize("answers", [False, True], ids=["while-it-measures", "while-it-waits-to-be-let-go"])
+async def test_a_stopping_agent_ends_its_refresh_process_at_once(tmp_path, monkeypatch, answers):
+    """The agent stops (its refresh task cancelled) while the refresh's process measures, or while it stays to be
+    let go: the process is killed then, not waited for (a child that never ends, LEAVE_TIMEOUT_S made long)."""
+    child = tmp_path / "refresh"
+    answer = 'echo \'{"lockstep_s": 0.001}\'\n' if answers else ""
+    child.write_text(f"#!/bin/sh\n{answer}exec sleep 600\n")  # deaf to its stdin closing
+    child.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(child))
+    monkeypatch.setattr(refresh, "LEAVE_TIMEOUT_S", 600.0)
+    others = _children()
+    inside = asyncio.Event()
+
+    async def refreshing() -> None:
+        async with refresh.measured_apart():
+            inside.set()
+            await asyncio.sleep(600)
+
+    task = asyncio.create_task(refreshing())
+    if answers:
+        await asyncio.wait_for(inside.wait(), 30)
+    else:
+        await asyncio.sleep(0.5)
+    children = _children() - others
+    assert any(_alive(p) for p in children)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 30)  # before: LEAVE_TIMEOUT_S (here 600 s) for a child that does not end
+    assert not any(_alive(p) for p in children)
