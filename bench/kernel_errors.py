@@ -31,6 +31,7 @@ from monitors.graphs.importer import load_graph
 from monitors.pricing.costmodel import CostModel
 from monitors.pricing.kernels import Kernel
 from monitors.pricing.planner import SECOND_PASS_ACTIVATIONS, memory_family
+from probes.calibration import NCHWC_UPSAMPLE
 from probes.microbench import profiler_cost
 
 _LONGEST_FIRST = sorted(SECOND_PASS_ACTIVATIONS, key=len, reverse=True)  # "HardSigmoid" before "Sigmoid"
@@ -68,6 +69,8 @@ def kernel_of(op: str, shapes: list[list[int]], out_shape: list[int], in_bytes: 
             return Kernel("bmm", (batch, m, k, n), 2.0 * batch * m * k * n, op)
         return Kernel("gemm", (batch * m, k, n), 2.0 * batch * m * k * n, op)
     moved = max(in_bytes + out_bytes, 1.0)
+    if op == "Upsample" and "_nchwc" in name:  # a Resize in the blocked layout (planner.py: _blocked_resize)
+        op = NCHWC_UPSAMPLE
     family = memory_family(op)
     return Kernel(family, (moved,), moved, op) if family else None
 

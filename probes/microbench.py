@@ -36,6 +36,7 @@ from probes.calibration import (
     COMPUTE_FAMILIES,
     FORMAT_VERSION,
     NBITS_BLOCK,
+    NCHWC_UPSAMPLE,
     QUANTIZED_CHAIN_K,
     QUANTIZED_CHAIN_KERNELS,
     Calibration,
@@ -357,6 +358,20 @@ def _image_op(op: str, channels: int = 64, out_ratio: float = 1.0, **attrs) -> C
     return build
 
 
+def _blocked_upsample(nbytes: float, x: str, y: str, tag: str, rng: np.random.Generator) -> _Point:
+    """A Resize that onnxruntime runs in the blocked layout, as its own Upsample kernel: linear, twice the height
+    and width, reading what a 1x1 convolution wrote there (as a segmenter's decoder does). Bytes as Resize's."""
+    n = max(int(nbytes / (4 * 5)), 16 * 4)
+    chans = 64 if n >= 64 * 16 else 16  # whole blocks (8 floats on AVX2, 16 on AVX-512)
+    side = max(int(math.sqrt(n / chans)), 2)
+    w, c, sc = f"w_{tag}", f"c_{tag}", f"s_{tag}"
+    return _Point([helper.make_node("Conv", [x, w], [c], name=f"conv_{tag}"),
+                   helper.make_node("Resize", [c, "", sc], [y], name=y, mode="linear")],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, chans, side, side])],
+                  [numpy_helper.from_array(_noise((chans, chans, 1, 1), rng) * 0.1, w),
+                   numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), sc)], y)
+
+
 MS = "com.microsoft"
 # Memory-bound ops calibrated one by one, by bytes moved (non-constant inputs read + outputs written).
 MEMORY_OPS: dict[str, Callable[..., _Point]] = {
@@ -372,6 +387,7 @@ MEMORY_OPS: dict[str, Callable[..., _Point]] = {
     "AveragePool": _image_op("AveragePool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
     "GlobalAveragePool": _image_op("GlobalAveragePool", out_ratio=0.0),
     "Resize": _image_op("Resize", out_ratio=4.0, mode="nearest"),
+    NCHWC_UPSAMPLE: _blocked_upsample,
     "LRN": _image_op("LRN", size=5),
     "SimplifiedLayerNormalization": _with_params("SimplifiedLayerNormalization", 1, axis=-1, epsilon=1e-6),
     "SkipSimplifiedLayerNormalization": _skip_norm,
@@ -893,6 +909,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     plan: list[tuple[Grid, list[tuple[float, ...]]]] = []
     reported_cache = last_level_cache_bytes()
     for grid in grids(quick) + (host_copy_grids(quick) if device == "gpu" else []):
+        if device == "gpu" and grid.family == NCHWC_UPSAMPLE:
+            continue  # the CUDA provider has no blocked layout
         pts = [p for p in itertools.product(*grid.axes) if work_of(grid.family, p) <= grid.max_work
                and _feasible(grid.family, p, reported_cache)]
         plan.append((grid, pts))

@@ -4,6 +4,7 @@ import itertools
 import math
 
 import numpy as np
+import onnx
 import pytest
 
 from monitors.pricing.costmodel import MAX_SHARE, CostModel, weight_bytes
@@ -11,6 +12,7 @@ from monitors.pricing.kernels import Kernel, Plan
 from probes import microbench
 from probes.calibration import (
     COMPUTE_FAMILIES,
+    NCHWC_UPSAMPLE,
     QUANTIZED_CHAIN_K,
     QUANTIZED_CHAIN_KERNELS,
     Calibration,
@@ -470,3 +472,18 @@ def test_stream_bytes_beyond_a_large_reported_cache_and_a_quarter_as_many_in_a_q
     assert stream_bytes(32 * mib) == 1024 * mib and stream_bytes(32 * mib, quick=True) == 256 * mib
     assert stream_bytes(300 * mib) == 1200 * mib and stream_bytes(300 * mib, quick=True) == 300 * mib
     assert stream_bytes(2048 * mib) == 4096 * mib  # at most 4 GiB
+
+
+@pytest.mark.skipif(microbench.nchwc_block() == 0, reason="no blocked layout on this CPU (onnxruntime's NCHWc: x86)")
+def test_the_blocked_upsample_point_times_onnxruntime_s_blocked_kernel_real_onnxruntime(tmp_path):
+    # the table's point: a Resize that onnxruntime runs in the blocked layout, as the planner's NchwcUpsample kernels
+    point = microbench.MEMORY_OPS[NCHWC_UPSAMPLE](2.0 ** 22, "x", "y", "t", np.random.default_rng(0))
+    so = microbench.ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    so.log_severity_level = 3
+    microbench.ort.InferenceSession(microbench._model([point]).SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+    ops = [(n.op_type, n.domain) for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert ("Upsample", "com.microsoft.nchwc") in ops and ("Resize", "") not in ops
+    times = _profile_points([point], 3, ["CPUExecutionProvider"], np.random.default_rng(0))
+    assert times.get("y", 0) > 0  # its profile entry (y_nchwc) found

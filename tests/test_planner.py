@@ -17,6 +17,7 @@ from monitors.graphs.graph import InputSpec
 from monitors.graphs.importer import load_graph
 from monitors.pricing.kernels import Kernel
 from monitors.pricing.planner import CUDA, Provider, plan
+from probes.calibration import NCHWC_UPSAMPLE
 from tests.models import LIGHT_DIR, make_model, value
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -217,8 +218,26 @@ def test_a_channels_last_webnn_graph_s_transposes_cancel_as_in_onnxruntime(tmp_p
     assert ours["Transpose"] == theirs["Transpose"] == 1  # the input's, to NCHW
     assert ours["Conv"] == theirs["Conv"] and "Relu" not in ours and "Relu" not in theirs
     assert ours["ReorderInput"] == theirs["ReorderInput"] == 0
-    assert ours["Concat"] == theirs["Concat"] and ours["Resize"] == theirs["Upsample"]
+    assert ours["Concat"] == theirs["Concat"] and ours[NCHWC_UPSAMPLE] == theirs["Upsample"] == 3
+    assert ours["Resize"] == theirs["Resize"] == 0
     assert ours["ReorderOutput"] == theirs["ReorderOutput"] == 1  # writing channels-last: the last Transpose's
+
+
+@pytest.mark.parametrize(("attrs", "scale"), [
+    ({"mode": "linear"}, 2.0), ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, 3.0),
+    ({"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, 2.0), ({"mode": "linear"}, 1.5),
+    ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, 2.0),
+    ({"mode": "nearest"}, 2.0), ({"mode": "cubic"}, 2.0)])
+def test_a_resize_after_a_blocked_conv_stays_blocked_only_where_onnxruntime_keeps_it_so(tmp_path, attrs, scale):
+    """onnxruntime runs a Resize in the blocked layout (its Upsample, 3-4x faster) for whole-number scales, linear
+    with some coordinate transformations or nearest rounded down; else it reorders the tensor back to NCHW first."""
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("Resize", ["c", "", "s"], ["y"], **attrs)]
+    inits = [_w((32, 32, 1, 1), "w"), nh.from_array(np.array([1, 1, scale, scale], np.float32), "s")]
+    model = make_model(nodes, [value("x", [1, 32, 16, 16])], [value("y", None)], inits)
+    ours = collections.Counter(k.op for k in plan(_graph(model)).kernels)
+    theirs = collections.Counter(_ort_kernels(model, tmp_path))
+    assert ours[NCHWC_UPSAMPLE] == theirs["Upsample"] and ours["Resize"] == theirs["Resize"]
+    assert ours[NCHWC_UPSAMPLE] + ours["Resize"] == 1 and ours["ReorderOutput"] == theirs["ReorderOutput"] == 1
 
 
 def test_a_transpose_pair_around_elementwise_ops_cancels_and_one_read_twice_stays(tmp_path):

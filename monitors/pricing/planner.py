@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -21,7 +21,7 @@ from monitors.graphs.graph import ITEMSIZE, Graph, TensorInfo
 from monitors.graphs.shapes import real_inputs
 from monitors.pricing.kernels import Kernel, Plan
 from monitors.pricing.transposes import push_transposes
-from probes.calibration import COMPUTE_FAMILIES
+from probes.calibration import COMPUTE_FAMILIES, NCHWC_UPSAMPLE
 
 DEFAULT_NCHWC_BLOCK = 16  # AVX-512; 8 on AVX2; 0 where onnxruntime has no NCHWc path (ARM)
 
@@ -79,8 +79,8 @@ CONTROL_FLOW = {"Loop", "Scan", "If"}
 SILU = "Silu"
 _FAMILY_OF = {op: family for family, ops in (
     ("view", VIEWS), ("eltwise", ELTWISE), ("transcend", TRANSCENDENTAL | {"QuickGelu", SILU, "BiasGelu", "FastGelu"}),
-    ("movement", MOVEMENT | {"ReorderInput", "ReorderOutput"}), ("reduce", REDUCE), ("softmax", SOFTMAX),
-    ("norm", NORM), ("pool", POOL)) for op in ops}
+    ("movement", MOVEMENT | {"ReorderInput", "ReorderOutput", NCHWC_UPSAMPLE}), ("reduce", REDUCE),
+    ("softmax", SOFTMAX), ("norm", NORM), ("pool", POOL)) for op in ops}
 
 
 def memory_family(op: str) -> str | None:
@@ -191,12 +191,15 @@ def plan(graph: Graph, provider: Provider = Provider()) -> Plan:
             reordered.add(node.input[0])  # the reorder writes channels-last itself (ReorderOutput channels_last=1)
             kernels.append(_memory("movement", 2 * ctx.info(node.input[0]).nbytes, "ReorderOutput"))
             continue
-        if nchwc_block and op in NCHWC_PASS and _nchwc_passes(ctx, node, nchwc, nchwc_block):
+        blocked = bool(nchwc_block) and op in NCHWC_PASS and _nchwc_passes(ctx, node, nchwc, nchwc_block)
+        if blocked:
             nchwc.update(o for o in node.output if o)
         else:
             for inp in node.input:
                 reorder(inp)
-        if op in ("MatMul", "Gemm", "FusedMatMul"):
+        if op == "Resize" and blocked:
+            kernels.append(replace(_simple(ctx, node, notes), op=NCHWC_UPSAMPLE))
+        elif op in ("MatMul", "Gemm", "FusedMatMul"):
             kernels.append(_matmul(ctx, node))
         elif op in LLM_KERNELS and (node.domain == "com.microsoft" or op in DEFAULT_DOMAIN_QUANTIZED):
             kernels.extend(LLM_KERNELS[op](ctx, node))
@@ -611,7 +614,26 @@ def _nchwc_passes(ctx: _Ctx, node: onnx.NodeProto, nchwc: set[str], block: int) 
         return _attr(node, "axis", 0) == 1 and all(ctx.info(t).shape[1] % block == 0 for t in acts)
     if node.op_type in NCHWC_POOLS:
         return len(ctx.info(acts[0]).shape) == 4 and ctx.info(acts[0]).shape[1] % block == 0
+    if node.op_type == "Resize":
+        return _blocked_resize(ctx, node)
     return True
+
+
+# The Resizes that onnxruntime's NchwcTransformer runs as its blocked Upsample (onnxruntime 1.32, checked against its
+# optimized graphs): whole-number scales of height and width only, linear with these coordinate transformations, or
+# nearest with asymmetric coordinates rounded down. Any other leaves the blocked layout first (a ReorderOutput) and
+# runs the plain kernel, 3-4x slower.
+BLOCKED_LINEAR = ("half_pixel", "asymmetric", "align_corners")
+
+
+def _blocked_resize(ctx: _Ctx, node: onnx.NodeProto) -> bool:
+    x, y = ctx.info(node.input[0]).shape, ctx.info(node.output[0]).shape
+    if len(x) != 4 or len(y) != 4 or x[:2] != y[:2] or any(not a or b % a for a, b in zip(x[2:], y[2:], strict=True)):
+        return False
+    mode, transform = _attr(node, "mode", "nearest"), _attr(node, "coordinate_transformation_mode", "half_pixel")
+    if mode == "linear":
+        return transform in BLOCKED_LINEAR
+    return mode == "nearest" and transform == "asymmetric" and _attr(node, "nearest_mode", "") == "floor"
 
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -689,7 +711,8 @@ def _peak_activation_bytes(ctx: _Ctx) -> int:
 def _attr(node: onnx.NodeProto, name: str, default):
     for a in node.attribute:
         if a.name == name:
-            return onnx.helper.get_attribute_value(a)
+            value = onnx.helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
     return default
 
 
