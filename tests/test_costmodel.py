@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from monitors.pricing.costmodel import MAX_SHARE, CostModel, weight_bytes
+from monitors.pricing.costmodel import MAX_SHARE, WRITE_COST, CostModel, weight_bytes
 from monitors.pricing.kernels import Kernel, Plan
 from probes import microbench
 from probes.calibration import (
@@ -114,6 +114,12 @@ def test_calibration_and_plan_survive_json_round_trip():
     # a plan stored before kernels had epilogues (five fields each) still loads
     old = '{"kernels":[["gemm",[1,64,64],8192,"MatMul+Add",1]],"weight_bytes":5,"peak_activation_bytes":0,"flops":1}'
     assert Plan.from_json(old).kernels[0].epilogue is None
+    # and a convolution's input bytes, with or without an epilogue, come back
+    strided = Kernel("conv1x1", (16.0, 64.0, 64.0), 131072.0, "Conv", input_bytes=16384.0)
+    fused = Kernel("conv1x1", strided.params, strided.work, "Conv+Clip", epilogue=clip, input_bytes=16384.0)
+    for k in (strided, fused):
+        assert Kernel.from_json(k.to_json()) == k and Kernel.from_json(k.to_json()).read_bytes == 16384.0
+    assert Kernel("conv1x1", (16.0, 64.0, 64.0), 131072.0, "Conv").read_bytes == 4 * 16 * 64  # stride 1
 
 
 def test_a_kernels_epilogue_costs_its_ops_pass_and_no_dispatch():
@@ -184,6 +190,29 @@ def test_a_memory_slowdown_stretches_only_the_time_a_plan_streams():
     assert cm.stream_seconds(plan) == pytest.approx(streamed)
     held = _gemv_plan(1024)  # 4 MiB: held in the cache, priced by the table alone
     assert cm.stream_seconds(held) == 0.0 and cm.seconds(held, memory=3.0) == cm.seconds(held)
+
+
+def test_activations_beyond_half_the_cache_stream_from_memory_their_writes_read_first():
+    """A kernel's activations that do not fit beside the rest of a model stream from memory, where a table measured
+    with them cached prices them too fast; a write reads its line first (WRITE_COST)."""
+    mib = 2 ** 20
+    cached = _memory_table(lambda b: 1e-11 * b + 1e-7)  # 100 GB/s
+    cm = CostModel(Calibration(fingerprint={"device": "cpu"}, tables={"Transpose": cached}, per_kernel_s=0.0,
+                               per_run_s=0.0, stream_bytes_per_s=10e9, cache_bytes=32 * mib))
+    big = Kernel("movement", (40.0 * mib,), 40.0 * mib, "ReorderOutput")  # 20 MiB read, 20 written
+    assert cm.kernel_seconds(big) < 40 * mib / 10e9 / 5
+    floor = (20 * mib + WRITE_COST * 20 * mib) / 10e9
+    assert cm.seconds(Plan(kernels=(big,))) == pytest.approx(floor)
+    assert cm.seconds(Plan(kernels=(big,)), memory=2.0) == pytest.approx(2 * floor)  # a bandwidth hog slows it
+    assert cm.stream_seconds(Plan(kernels=(big,))) == pytest.approx(floor)
+    fits = Kernel("movement", (8.0 * mib,), 8.0 * mib, "ReorderOutput")  # a quarter of the cache: the table's
+    assert cm.seconds(Plan(kernels=(fits,))) == cm.kernel_seconds(fits) and cm.activation_seconds(fits) == 0.0
+    # a strided convolution reads four times what it writes: its input, not its parameters, sets the floor
+    conv = Kernel("dwconv", (96.0, 25088.0, 9.0), 2.0 * 96 * 25088 * 9, "Conv", input_bytes=4 * 96 * 100352.0)
+    assert cm.activation_seconds(conv) == pytest.approx((4 * 96 * 100352 + WRITE_COST * 4 * 96 * 25088) / 10e9)
+    gpu = CostModel(Calibration(fingerprint={"device": "gpu"}, tables={"Transpose": cached},
+                                per_kernel_s=0.0, per_run_s=0.0))  # no memory sweep: tables alone
+    assert gpu.activation_seconds(big) == 0.0
 
 
 def test_weights_a_little_beyond_the_cache_read_at_the_rate_measured_for_that_working_set():

@@ -195,6 +195,21 @@ def test_written_bytes_is_each_family_s_output_in_float32() -> None:
     assert Kernel("view", (1e6,), 1e6).written_bytes == 0.0
 
 
+def test_a_convolution_reads_its_whole_input_and_the_residual_it_adds_strided_or_not() -> None:
+    """What a convolution streams when its activations do not fit in the cache (CostModel.activation_seconds): its
+    parameters tell only the output's size; a stride-2 one reads four times that."""
+    inits = [_w((32, 16, 3, 3), "w1"), _w((32, 1, 3, 3), "w2"), _w((32, 32, 1, 1), "w3")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4, strides=[2, 2]),
+             h.make_node("Conv", ["a", "w2"], ["b"], pads=[1] * 4, group=32),
+             h.make_node("Conv", ["b", "w3"], ["c"]),
+             h.make_node("Add", ["c", "a"], ["y"])]
+    p = plan(_graph(make_model(nodes, [value("x", [1, 16, 56, 56])], [value("y", None)], inits)))
+    strided, depthwise, pointwise = [k for k in p.kernels if k.family in ("conv", "dwconv", "conv1x1")]
+    assert strided.read_bytes == 16 * 56 * 56 * 4 and strided.written_bytes == 32 * 28 * 28 * 4
+    assert depthwise.read_bytes == depthwise.written_bytes == 32 * 28 * 28 * 4
+    assert pointwise.op == "Conv+Add" and pointwise.read_bytes == 2 * 32 * 28 * 28 * 4
+
+
 def test_a_reshape_within_the_graph_moves_nothing_and_one_into_its_output_copies():
     """onnxruntime's Reshape aliases its input, unless its output is the graph's (which must own its memory)."""
     shape = nh.from_array(np.array([64, 256], np.int64), "shape")

@@ -51,6 +51,9 @@ class Kernel:
     # A fused activation that the kernel applies in a second pass over its output, priced as that
     # memory-bound op without a dispatch of its own: MLAS's blocked convolutions run only Relu inside.
     epilogue: Kernel | None = None
+    # The activation bytes a convolution reads in all, which its parameters do not tell (a strided one reads more
+    # than it writes); 0: derived from the parameters (read_bytes), as in plans stored before it.
+    input_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(float(p) for p in self.params))
@@ -58,15 +61,38 @@ class Kernel:
 
     def to_json(self) -> list:
         item = [self.family, list(self.params), self.work, self.op, self.repeat]
-        return item + [self.epilogue.to_json()] if self.epilogue else item
+        epilogue = self.epilogue.to_json() if self.epilogue else None
+        if self.input_bytes:
+            return item + [epilogue, self.input_bytes]
+        return item + [epilogue] if epilogue else item
 
     @classmethod
     def from_json(cls, item: list) -> Kernel:
-        family, params, work, op, repeat, *epilogue = item  # plans stored before epilogues have none
+        family, params, work, op, repeat, *rest = item  # plans stored before epilogues and input_bytes lack them
         if family not in FAMILIES:
             raise ValueError(f"unknown kernel family {family!r}")
-        return cls(family, tuple(float(p) for p in params), float(work), str(op), int(repeat),
-                   cls.from_json(epilogue[0]) if epilogue else None)
+        epilogue = cls.from_json(rest[0]) if rest and rest[0] else None
+        return cls(family, tuple(float(p) for p in params), float(work), str(op), int(repeat), epilogue,
+                   float(rest[1]) if len(rest) > 1 else 0.0)
+
+    @property
+    def read_bytes(self) -> float:
+        """The activation bytes the kernel reads (float32; weights apart): what it streams from memory, with what it
+        writes, when they do not fit in the cache (CostModel.seconds)."""
+        if self.input_bytes:
+            return self.input_bytes
+        p, family = self.params, self.family
+        if family in ("conv1x1", "dwconv", "gemm", "nbits", "nbits_f", "qgemm"):  # (M, K, ...), (C, M, ...): stride 1
+            elements = p[0] * p[1]
+        elif family == "bmm":  # (B, M, K, N): both operands
+            elements = p[0] * (p[1] * p[2] + p[2] * p[3])
+        elif family == "conv":  # not told (a plan stored before input_bytes): its output's size
+            return self.written_bytes
+        elif family in ("gqa", "view"):  # the attention's KV cache is priced apart; a view moves nothing
+            return 0.0
+        else:  # memory-bound: work = bytes read + written; count half as read
+            return self.work / 2 * self.repeat
+        return elements * FLOAT_BYTES * self.repeat
 
     @property
     def written_bytes(self) -> float:

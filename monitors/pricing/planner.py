@@ -243,6 +243,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int, fuse_activation: bool = T
     ops = ["Conv"]
     last = node.output[0]
     residual_used = False
+    reads = float(x.nbytes)  # its input, and a residual it adds
     activation = None
     while (nxt := ctx.sole_consumer(last)) is not None:
         kind = nxt.op_type
@@ -254,6 +255,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int, fuse_activation: bool = T
         elif (kind in ("Add", "Sum") and blocked and not residual_used and len(others) == 1
               and ctx.info(others[0]).shape == ctx.info(last).shape):
             residual_used = True
+            reads += ctx.info(others[0]).nbytes
         elif kind in ACTIVATIONS and fuse_activation:
             ctx.absorbed.add(ctx.index(nxt))
             ops.append(kind)
@@ -272,7 +274,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int, fuse_activation: bool = T
         epilogue = _memory(_FAMILY_OF[activation], 2 * ctx.info(last).nbytes, activation)
     if depthwise:
         work = 2.0 * cin * m * taps
-        return Kernel("dwconv", (cin, m, taps), work, op, epilogue=epilogue), last, blocked
+        return Kernel("dwconv", (cin, m, taps), work, op, epilogue=epilogue, input_bytes=reads), last, blocked
     co_g = cout // groups
     if blocked:  # the blocked kernels pad channels up to the block size
         co_g = _round_up(co_g, block)
@@ -282,7 +284,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, block: int, fuse_activation: bool = T
     family = "conv1x1" if taps == 1 else "conv"
     repeat = 1 if blocked else groups
     work = 2.0 * m * k * co_g * (groups if blocked else 1)
-    return Kernel(family, (m, k, co_g), work, op, repeat, epilogue), last, blocked
+    return Kernel(family, (m, k, co_g), work, op, repeat, epilogue, reads), last, blocked
 
 
 def _conv_transpose(ctx: _Ctx, node: onnx.NodeProto) -> list[Kernel]:
