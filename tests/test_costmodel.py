@@ -194,7 +194,7 @@ def test_a_memory_slowdown_stretches_only_the_time_a_plan_streams():
 
 def test_activations_beyond_half_the_cache_stream_from_memory_their_writes_read_first():
     """A kernel's activations that do not fit beside the rest of a model stream from memory, where a table measured
-    with them cached prices them too fast; a write reads its line first (WRITE_COST)."""
+    with them cached prices them too fast; a write reads its line first (WRITE_COST), but a copy's does not."""
     mib = 2 ** 20
     cached = _memory_table(lambda b: 1e-11 * b + 1e-7)  # 100 GB/s
     cm = CostModel(Calibration(fingerprint={"device": "cpu"}, tables={"Transpose": cached}, per_kernel_s=0.0,
@@ -205,6 +205,8 @@ def test_activations_beyond_half_the_cache_stream_from_memory_their_writes_read_
     assert cm.seconds(Plan(kernels=(big,))) == pytest.approx(floor)
     assert cm.seconds(Plan(kernels=(big,)), memory=2.0) == pytest.approx(2 * floor)  # a bandwidth hog slows it
     assert cm.stream_seconds(Plan(kernels=(big,))) == pytest.approx(floor)
+    copy = Kernel("movement", (40.0 * mib,), 40.0 * mib, "Concat")  # memcpy's large blocks: written once
+    assert cm.seconds(Plan(kernels=(copy,))) == pytest.approx(40 * mib / 10e9)
     fits = Kernel("movement", (8.0 * mib,), 8.0 * mib, "ReorderOutput")  # a quarter of the cache: the table's
     assert cm.seconds(Plan(kernels=(fits,))) == cm.kernel_seconds(fits) and cm.activation_seconds(fits) == 0.0
     # a strided convolution reads four times what it writes: its input, not its parameters, sets the floor

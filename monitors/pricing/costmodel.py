@@ -127,9 +127,11 @@ STREAM_SECANT = 2.0  # stream_seconds: the memory slowdown its secant reaches (a
 WELL_TIMED_S = 20e-6  # kernels at least this long are timed well enough to bound the others
 # A kernel whose activations, read and written, take more than this share of the last-level cache streams them from
 # memory in a model (the rest of the cache holds the weights and the tensors that live on), where calibration's
-# single op found part of them cached; and a line it writes that is not cached is read first, then written back.
+# single op found part of them cached; and a line it writes that is not cached is read first, then written back,
+# except by a copy of whole rows (memcpy writes large blocks past the cache).
 ACTIVATION_CACHE_SHARE = 0.5
 WRITE_COST = 2.0
+COPIES = frozenset({"Concat"})
 
 
 class CostModel:
@@ -262,15 +264,15 @@ class CostModel:
 
     def activation_seconds(self, k: Kernel, memory: float = 1.0) -> float:
         """The least time `k` takes where its activations do not fit in the cache: its reads, and its writes at
-        WRITE_COST, at memory's streaming rate (`memory` times slower than calibrated); 0 where they fit. (An
-        epilogue works on the output while it is cached: no floor of its own.) Beyond the
+        WRITE_COST (a copy's once), at memory's streaming rate (`memory` times slower than calibrated); 0 where they
+        fit. (An epilogue works on the output while it is cached: no floor of its own.) Beyond the
         calibration grid (a blur segmenter's 24 MB reorders, a batch of 8 images' depthwise convolutions) the tables
         price such kernels as if cached, 1.5-3.6x fast."""
         moved = k.read_bytes + k.written_bytes
-        floor = 0.0
-        if self.stream_bytes_per_s > 0 and moved > ACTIVATION_CACHE_SHARE * self.cache_bytes > 0:
-            floor = (k.read_bytes + WRITE_COST * k.written_bytes) * memory / self.stream_bytes_per_s
-        return floor
+        if not (self.stream_bytes_per_s > 0 and moved > ACTIVATION_CACHE_SHARE * self.cache_bytes > 0):
+            return 0.0
+        writes = k.written_bytes * (1.0 if k.op in COPIES else WRITE_COST)
+        return (k.read_bytes + writes) * memory / self.stream_bytes_per_s
 
     def decode_attention_seconds(self, k: Kernel, memory: float = 1.0) -> float | None:
         """A decode step's attention whose KV cache comes from memory (`memory` times slower than calibrated): its
