@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 12  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
+FORMAT_VERSION = 13  # 2: per-op tables for memory-bound kernels, cache size; 3: weight streaming rate;
 # 4: the cache size measured, not reported; overheads from the wall clock alone; 5: the read rates over
 # working sets around the cache; every reading the fastest of three passes; 6: read rates by
 # onnxruntime's own MatMul, out to eight times the reported cache; 7: the warm refresh's reference is the
@@ -21,7 +21,8 @@ FORMAT_VERSION = 12  # 2: per-op tables for memory-bound kernels, cache size; 3:
 # 10: Where's condition as masks are (runs, not coin flips: 6x faster), SiLU's own table (QuickGelu of alpha 1,
 # 2.6x faster than CLIP's alpha), the warm refresh's stream probe; 11: attention's decode points in the cache only, and
 # chains of decode-step attentions beyond it (AttentionChains: attention_chains); 12: the blocked layout's Upsample
-# (NCHWC_UPSAMPLE), 3-4x faster than the plain Resize
+# (NCHWC_UPSAMPLE), 3-4x faster than the plain Resize; 13: the quantized read chains over distinct weights (equal ones
+# are shared and read from the cache: their rate was 2x memory's on an AMD EPYC family 26 VM)
 
 
 # The families calibrated over multi-dimensional grids of compute (FLOPs); the others are memory-bound,
