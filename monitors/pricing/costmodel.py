@@ -266,8 +266,8 @@ class CostModel:
         """The least time `k` takes where its activations do not fit in the cache: its reads, and its writes at
         WRITE_COST (a copy's once), at memory's streaming rate (`memory` times slower than calibrated); 0 where they
         fit. (An epilogue works on the output while it is cached: no floor of its own.) Beyond the
-        calibration grid (a blur segmenter's 24 MB reorders, a batch of 8 images' depthwise convolutions) the tables
-        price such kernels as if cached, 1.5-3.6x fast."""
+        calibration grid (a blur segmenter's reorders of 12-20 MB each way, the depthwise convolutions of a batch of 8
+        images) the tables price such kernels as if cached, 1.5-3.6x fast."""
         moved = k.read_bytes + k.written_bytes
         if not (self.stream_bytes_per_s > 0 and moved > ACTIVATION_CACHE_SHARE * self.cache_bytes > 0):
             return 0.0
