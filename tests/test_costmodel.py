@@ -180,6 +180,17 @@ def test_weights_beyond_the_measured_cache_stream_at_the_measured_rate():
     assert held_large.seconds(_gemv_plan(side)) < streamed / 3
 
 
+def test_each_kernels_time_in_a_plan_holds_its_streaming_and_adds_up_to_the_plan():
+    """What `estimate --kernels` lists: a streamed product's time is its weights' reads, not its table's."""
+    cal = dict(fingerprint={"device": "cpu"}, tables={"gemm": _gemm_table()}, per_kernel_s=2e-6, per_run_s=5e-6,
+               stream_bytes_per_s=5e9, cache_bytes=32 * 2 ** 20)
+    cm = CostModel(Calibration(**cal))
+    plan = Plan(kernels=_gemv_plan(4096).kernels * 2, weight_bytes=2 * 4 * 4096 * 4096)
+    times = cm.plan_kernel_seconds(plan)
+    assert times == [pytest.approx(4 * 4096 * 4096 / 5e9)] * 2 and times[0] > 3 * cm.kernel_seconds(plan.kernels[0])
+    assert cm.seconds(plan) == pytest.approx(sum(times) + 2 * 2e-6 + 5e-6)
+
+
 def test_a_memory_slowdown_stretches_only_the_time_a_plan_streams():
     side = 4096  # 64 MiB of weights, read at 5 GB/s: a decode step's product
     table = _gemm_table()

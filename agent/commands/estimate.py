@@ -214,7 +214,7 @@ def _present_speed(state: DeviceState, reference: dict[str, float]) -> Speed:
 
 
 def _print_plan(model: CostModel, plan: Plan) -> None:
-    for k in plan.kernels:
-        ms = 1000 * (model.kernel_seconds(k) + model.calibration.per_kernel_s)
+    for k, seconds in zip(plan.kernels, model.plan_kernel_seconds(plan), strict=True):
+        ms = 1000 * (seconds + model.calibration.per_kernel_s)
         params = "x".join(f"{p:g}" for p in k.params)
         print(f"  {k.family:<10} {k.op:<28} {params:<22} {ms:9.3f} ms")

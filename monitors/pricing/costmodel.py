@@ -243,10 +243,15 @@ class CostModel:
         """The plan's latency on the calibrated device, with memory streaming `memory` times slower than
         calibrated (a neighbour that takes bandwidth)."""
         cal = self.calibration
+        return cal.per_run_s + cal.per_kernel_s * len(plan.kernels) + sum(self.plan_kernel_seconds(plan, memory))
+
+    def plan_kernel_seconds(self, plan: Plan, memory: float = 1.0) -> list[float]:
+        """Each kernel's time within `plan` (dispatch apart): its table's, or its weights' and its activations'
+        streaming where those do not fit in the cache (`memory` as in `seconds`)."""
         # Weights stay cached from one inference to the next only if they and the activations that
         # stream past them (the live ones, written and read again) fit in the last-level cache.
         rate = self.weight_read_rate(plan.weight_bytes + 2 * plan.peak_activation_bytes) / memory
-        total = cal.per_run_s + cal.per_kernel_s * len(plan.kernels)
+        times = []
         for k in plan.kernels:
             t = self.kernel_seconds(k)
             if rate and k.family == "gqa":
@@ -259,8 +264,8 @@ class CostModel:
                 share, unhidden = self._reading(k.family)
                 stream = k.repeat * (start + weight_bytes(k) / (rate * share))
                 t = max(t, stream) + (self._unhidden(t, k) if unhidden is None else unhidden) * min(t, stream)
-            total += max(t, self.activation_seconds(k, memory))
-        return total
+            times.append(max(t, self.activation_seconds(k, memory)))
+        return times
 
     def activation_seconds(self, k: Kernel, memory: float = 1.0) -> float:
         """The least time `k` takes where its activations do not fit in the cache: its reads, and its writes at
