@@ -30,7 +30,7 @@ from bench import zoo
 from bench.groundtruth import _feeds, _plain_inputs
 from monitors.graphs.importer import load_graph
 from monitors.pricing.costmodel import CostModel
-from monitors.pricing.kernels import Kernel
+from monitors.pricing.kernels import Kernel, Plan
 from monitors.pricing.planner import SECOND_PASS_ACTIVATIONS, SILU, memory_family
 from probes.calibration import NCHWC_UPSAMPLE
 from probes.microbench import profiler_cost
@@ -136,7 +136,7 @@ def main() -> None:
         k = kernel_of(a["op_name"], shapes, outs[0] if outs else [], float(a.get("activation_size", 0)),
                       float(a.get("output_size", 0)), name, silus)
         real = float(np.median(durs))
-        pred = max(cm.kernel_seconds(k), cm.activation_seconds(k)) if k else float("nan")
+        pred = cm.plan_kernel_seconds(Plan(kernels=(k,)))[0] if k else float("nan")  # as a plan prices it
         fam = k.family if k else f"?{a['op_name']}"
         fam_real[fam] += real
         fam_pred[fam] += pred if k else 0.0
