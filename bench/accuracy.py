@@ -31,9 +31,8 @@ from typing import Any
 
 import onnxruntime
 
-from agent import calibration_store
 from agent.config import default_state_dir
-from bench import groundtruth, zoo
+from bench import groundtruth, support, zoo
 from monitors.graphs.importer import load_graph
 from monitors.pricing.tiers import rank, tier_for
 
@@ -73,7 +72,7 @@ def estimate(estimator: Any, path: Path, inputs: dict[str, Any], device: str = "
 
 def load_estimator(state_dir: Path, device: str = "cpu") -> Any:
 
-    return calibration_store.load_estimator(state_dir, device=device)
+    return support.scored_estimator(state_dir, device)
 
 
 def evaluate(model: zoo.ZooModel, estimator: Any | None, remeasure: bool, min_repeats: int,

@@ -24,9 +24,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from agent import calibration_store
 from agent.config import default_state_dir
-from bench import zoo
+from bench import support, zoo
 from bench.groundtruth import _feeds, _plain_inputs
 from monitors.graphs.importer import load_graph
 from monitors.pricing.costmodel import CostModel
@@ -117,7 +116,7 @@ def main() -> None:
     path = str(m.path())
 
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
-    est = calibration_store.load_estimator(state_dir, device="cpu")
+    est = support.scored_estimator(state_dir, "cpu")
     cm: CostModel = est.models["cpu"]
     events, wall, silus = profile(path, m.inputs)
     bias = profiler_cost()  # each profiled kernel's time carries it (4-23 us on VMs): taken off, as calibration does

@@ -49,9 +49,8 @@ import numpy as np
 import onnxruntime
 import onnxruntime as ort
 
-from agent import calibration_store
 from agent.config import default_state_dir
-from bench import groundtruth, llm_zoo
+from bench import groundtruth, llm_zoo, support
 from bench.accuracy import error_cells, ms, pct
 from bench.groundtruth import _timed, cpu_model
 from monitors.graphs.importer import load_decoder
@@ -423,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     estimator = None
     if not args.measure_only:
 
-        estimator = calibration_store.load_estimator(args.state_dir or default_state_dir(), device="cpu")
+        estimator = support.scored_estimator(args.state_dir or default_state_dir(), "cpu")
     rows = estimate_rows(models, estimator)
     print(HEADER)
     for row in rows:

@@ -1,4 +1,4 @@
-"""What the benchmarks that run a real agent share."""
+"""What the benchmarks share: the calibration they score, and a real agent to run."""
 
 from __future__ import annotations
 
@@ -10,10 +10,34 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 
+from agent import calibration_store
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def scored_estimator(state_dir: Path, device: str = "cpu") -> Any:
+    """The estimator of the calibration in `state_dir` that a benchmark scores, made first where there is none.
+    One there that this code cannot use (an older format, another device) ends the benchmark with status 2 and
+    one line: the agent's own loading would calibrate again in its place, unasked, and score the new one."""
+    from probes.calibration import Calibration  # noqa: PLC0415 - onnxruntime: only for the benchmarks that price
+    from probes.microbench import fingerprint  # noqa: PLC0415
+
+    path = calibration_store.calibration_path(state_dir, device)
+    if path.exists():
+        try:
+            problem = None if Calibration.from_json(path.read_text()).fingerprint == fingerprint(device) else \
+                "made for another device"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problem = str(exc)
+        if problem:
+            print(f"{path}: cannot score it ({problem}); calibrate again with daop-agent calibrate --state-dir "
+                  f"{state_dir}", file=sys.stderr)
+            raise SystemExit(2)
+    return calibration_store.load_estimator(state_dir, device=device)
 
 
 def free_port() -> int:

@@ -85,3 +85,24 @@ def test_groundtruth_present_speed_is_the_agents_answer_from_the_refresh_taken_w
     assert speed.memory == pytest.approx(1.5 / MEMORY_NOISE, abs=1e-4)
     assert groundtruth.present_speed(None, reference) == AT_REST
     assert groundtruth.present_speed(reference, reference).cpu == 1.0
+
+
+def test_a_benchmark_will_not_score_a_calibration_it_cannot_use_and_leaves_it_in_place(tmp_path, capsys) -> None:
+    """The agent's own loading would set such a file aside and calibrate again: a benchmark told to score one
+    calibration must not score a new one made unasked."""
+    from agent import calibration_store
+    from bench import support
+    from probes.calibration import Calibration
+
+    path = calibration_store.calibration_path(tmp_path, "cpu")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for text, why in (('{"format": 1}', "calibration format 1"),
+                      (Calibration(fingerprint={"device": "cpu", "cpu": "another"}, tables={}, per_kernel_s=0.0,
+                                   per_run_s=0.0).to_json(), "made for another device")):
+        path.write_text(text)
+        with pytest.raises(SystemExit) as exit_:
+            support.scored_estimator(tmp_path)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert why in err and "daop-agent calibrate --state-dir" in err and len(err.splitlines()) == 1
+        assert path.read_text() == text and not path.with_suffix(".corrupt").exists()
