@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import subprocess
@@ -175,22 +176,51 @@ def test_reference_keeps_an_earlier_faster_refresh_and_skips_old_format_ones():
 @pytest.mark.slow
 def test_a_real_quick_calibration_spreads_the_probe_over_its_pass_and_keeps_the_median(monkeypatch):
     """The reference describes the same device as the tables, whose one pass runs at whatever speed the host has
-    through it: read after each compute family's grid, at the pass's end and after it, and the median of all."""
+    through it: read after each compute family's grid, at the pass's end and after it, and the median of all. A
+    family whose refresh read a slow phase (the handoff probe slow for its compute probe) that has passed by the
+    pass's end is measured again, and its refresh with it."""
 
     given = []
 
     def scripted(self, stream=False):
         seconds = 1e-3 * (1 + len(given))  # 1, 2, 3 ... ms: a host slowing down through the pass
         given.append((seconds, stream))
-        return {LOCKSTEP_KEY: seconds, STREAM_KEY: 2 * seconds, "threads": 2.0, "cores": 2.0}
+        handoff = (2.0 if len(given) == 1 else 0.5) * seconds  # the first family's grid in a slow phase
+        return {LOCKSTEP_KEY: seconds, HANDOFF_KEY: handoff, STREAM_KEY: 2 * seconds, "threads": 2.0, "cores": 2.0}
+
+    measured: dict[str, int] = {}
+    batches = microbench._batches
+
+    def counted(family, pts, budget):
+        measured[family] = measured.get(family, 0) + len(pts)
+        return batches(family, pts, budget)
 
     monkeypatch.setattr(WarmRefresh, "measure", scripted)
+    monkeypatch.setattr(microbench, "_batches", counted)
+    monkeypatch.setattr(microbench, "QUICK_AGAIN_BEFORE_S", math.inf)  # however long the pass took on this host
     cal = microbench.calibrate(quick=True)
-    spread = sum(grid.family in COMPUTE_FAMILIES for grid in microbench.grids(quick=True))
-    assert spread >= 5 and len(given) == spread + 1 + REFERENCE_RUNS and all(stream for _, stream in given)
-    median = statistics.median(seconds for seconds, _ in given)
+    compute = [grid.family for grid in microbench.grids(quick=True) if grid.family in COMPUTE_FAMILIES]
+    assert len(compute) >= 5 and len(given) == len(compute) + 2 + REFERENCE_RUNS and all(s for _, s in given)
+    points = {f: len(cal.tables[f].points) for f in compute}
+    assert measured[compute[0]] >= 2 * points[compute[0]]  # the pass and again
+    assert all(measured[f] < 2 * points[f] for f in compute[1:])
+    median = statistics.median(seconds for seconds, _ in given[1:])  # the slow phase's refresh replaced
     assert cal.refresh_reference[LOCKSTEP_KEY] == pytest.approx(median)
     assert cal.refresh_reference[STREAM_KEY] == pytest.approx(2 * median)
+
+
+def test_a_quick_calibration_measures_again_only_what_a_slow_phase_that_has_passed_slowed():
+    def reading(handoff: float) -> dict[str, float]:
+        return {LOCKSTEP_KEY: 1e-3, HANDOFF_KEY: handoff * 1e-3}
+
+    after = {"conv": 0, "gemm": 1, "gqa": 2}
+    assert microbench.slow_phase_families([reading(0.9), reading(0.6), reading(0.62), reading(0.6)], after) == {"conv"}
+    # still in it at the end: measured again, it would read the same
+    assert microbench.slow_phase_families([reading(0.9), reading(0.6), reading(0.62), reading(0.9)], after) == set()
+    # noise within SLOW_PHASE_HANDOFF of the quietest, or no handoff probe read (an older probe): nothing
+    assert microbench.slow_phase_families([reading(0.7), reading(0.6), reading(0.62), reading(0.6)], after) == set()
+    assert microbench.slow_phase_families([{LOCKSTEP_KEY: 1e-3}] * 4, after) == set()
+    assert microbench.slow_phase_families([reading(0.9), reading(0.6)], {}) == set()  # a full calibration
 
 
 def test_a_typical_reference_is_each_probe_s_median():

@@ -5,9 +5,11 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from bench import groundtruth, zoo
+from agent import calibration_store
+from bench import groundtruth, support, zoo
 from monitors.graphs.importer import load_graph
 from monitors.speed.present import AT_REST, MEASURED_WEIGHT, MEMORY_NOISE
+from probes.calibration import Calibration
 from probes.refresh import HANDOFF_KEY, HANDOFF_MB, LOCKSTEP_KEY, STREAM_KEY
 
 
@@ -90,10 +92,6 @@ def test_groundtruth_present_speed_is_the_agents_answer_from_the_refresh_taken_w
 def test_a_benchmark_will_not_score_a_calibration_it_cannot_use_and_leaves_it_in_place(tmp_path, capsys) -> None:
     """The agent's own loading would set such a file aside and calibrate again: a benchmark told to score one
     calibration must not score a new one made unasked."""
-    from agent import calibration_store
-    from bench import support
-    from probes.calibration import Calibration
-
     path = calibration_store.calibration_path(tmp_path, "cpu")
     path.parent.mkdir(parents=True, exist_ok=True)
     for text, why in (('{"format": 1}', "calibration format 1"),
