@@ -729,7 +729,6 @@ class QuantizedReads:
         self.bytes = columns * per_column
         self.x = np.full((1, self.k), 0.5, np.float32)
         self.sessions: dict[tuple[str, int], ort.InferenceSession] = {}
-        self.fastest: dict[tuple[str, int], float] = {}  # each chain's fastest run so far
         for family, accuracy in (("nbits", 4), ("nbits_f", 1)):
             for count in (self.SMALL, self.LARGE):
                 self.sessions[(family, count)] = self._chain(count, columns // count, accuracy, rng)
@@ -744,12 +743,10 @@ class QuantizedReads:
         return _session(points, so, ["CPUExecutionProvider"])
 
     def measure(self) -> dict[str, tuple[int, float, float]]:
-        """family -> (working set bytes, bytes per second, seconds per kernel), from each chain's fastest run of
-        all its measurements (five runs each): the two chains' difference gives the time per kernel, and a
-        disturbed pass of the small chain alone read 80 us a kernel where the quiet ones read 2-6."""
-        for key, session in self.sessions.items():
-            self.fastest[key] = min(_run_time(session, {"x": self.x}), self.fastest.get(key, math.inf))
-        times = self.fastest
+        """family -> (working set bytes, bytes per second, seconds per kernel), from each chain's fastest of five
+        runs: the two chains' difference gives the time per kernel (a disturbed pass of the small chain alone read
+        80 us a kernel where the quiet ones read 2-6; calibrate keeps the fastest pass)."""
+        times = {key: _run_time(session, {"x": self.x}) for key, session in self.sessions.items()}
         out = {}
         for family in ("nbits", "nbits_f"):
             small, large = times[(family, self.SMALL)], times[(family, self.LARGE)]
@@ -790,16 +787,14 @@ class FloatReads:
         so.log_severity_level = 3
         self.session = _session(points, so, ["CPUExecutionProvider"])
         self.x = np.full((1, self.K), 0.5, np.float32)
-        self.fastest = math.inf
 
     def measure(self) -> tuple[int, float, float]:
-        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the fastest of its
-        measurements, each the median of its runs: a stream from memory runs slower one run in several (on the AMD
-        EPYC VM of docs/accuracy.md the median of seven read 0.90-0.97x the fastest, once 0.68x), and so do the
-        decode steps it prices (their median run over their fastest: 1.12 across the zoo's, 1.05 across its CNNs),
-        whose ground truth is their median."""
-        self.fastest = min(_run_time(self.session, {"x": self.x}, statistics.median), self.fastest)
-        return self.bytes, self.bytes / self.fastest, 0.0
+        """(working set bytes, bytes per second, seconds per kernel: 0, not measured), from the median of its runs
+        (calibrate keeps the fastest pass): a stream from memory runs slower one run in several (on the AMD EPYC VM
+        of docs/accuracy.md the median of seven read 0.90-0.97x the fastest, once 0.68x), and so do the decode steps
+        it prices (their median run over their fastest: 1.12 across the zoo's, 1.05 across its CNNs), whose ground
+        truth is their median."""
+        return self.bytes, self.bytes / _run_time(self.session, {"x": self.x}, statistics.median), 0.0
 
 
 class AttentionChains:
@@ -820,7 +815,6 @@ class AttentionChains:
     def __init__(self, reported_cache: int, rng: np.random.Generator) -> None:
         target = min(max(2 * reported_cache, 48 * 2 ** 20), 128 * 2 ** 20, psutil.virtual_memory().available // 8)
         self.chains = []
-        self.fastest: dict[tuple[float, ...], float] = {}  # seconds a layer, each chain's fastest run so far
         for heads, kv_heads in self.CHAINS:
             past = (1, kv_heads, self.CONTEXT - 1, self.HEAD)
             layers = max(1, target // (2 * 4 * math.prod(past)))
@@ -840,10 +834,8 @@ class AttentionChains:
 
     def measure(self) -> dict[tuple[float, ...], float]:
         """gqa coordinates (query heads, 1, context, head size, KV heads) -> seconds a layer, from each chain's
-        fastest run of all its measurements (five runs each)."""
-        for params, layers, session, feeds in self.chains:
-            self.fastest[params] = min(_run_time(session, feeds) / layers, self.fastest.get(params, math.inf))
-        return dict(self.fastest)
+        fastest of five runs (calibrate keeps the fastest pass)."""
+        return {params: _run_time(session, feeds) / layers for params, layers, session, feeds in self.chains}
 
 
 SETTLE_S = 0.2
@@ -921,7 +913,6 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     done = 0.0
     tables: dict[str, FamilyTable] = {}
     runs = 3 if quick else 5
-    sweeps: list[MemoryLevels] = []
     # Tensors per calibration session: about as many as pass through the cache between one inference
     # of a model and the next, so that a point's operands are about as warm as a model's are (weights
     # beyond the cache: costmodel.py). Half the reported cache, not the measured one: sessions within the
@@ -958,9 +949,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     quantized: QuantizedReads | None = None
     floats: FloatReads | None = None
     attention: AttentionChains | None = None
-    attention_chains: dict[tuple[float, ...], float] = {}
+    memory_passes: list[MemoryPass] = []
     buffer: np.ndarray | None = None  # the weights the sweep and FloatReads read, faulted in once
-    quantized_rates: dict[str, tuple[int, float, float]] = {}
     for _ in range(passes):
         for grid, pts in plan:
             for batch, times in measure(grid, pts):
@@ -979,13 +969,14 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             if quantized is None or floats is None or attention is None:
                 quantized, floats = QuantizedReads(reported_cache, rng), FloatReads(reported_cache, buffer)
                 attention = AttentionChains(reported_cache, rng)
-            # Each probe reads memory only once the work before it has settled, and answers from its fastest runs
-            # over the passes so far.
-            sweeps.append(_settled(partial(measure_memory, reported_cache, buffer=buffer)))
+            # Each probe reads memory only once the work before it has settled; the refresh after them tells the
+            # state the host was in (quiet_passes).
+            sweep = _settled(partial(measure_memory, reported_cache, buffer=buffer))
             floats_reading = _settled(floats.measure)
-            quantized_rates = {**_settled(quantized.measure), "gemm": floats_reading}
-            attention_chains = _settled(attention.measure)
+            reads = {**_settled(quantized.measure), "gemm": floats_reading}
+            chains_reading = _settled(attention.measure)
             refreshes.append(_settled(partial(refresh.measure, stream=True)))
+            memory_passes.append(MemoryPass(refreshes[-1], sweep, reads, chains_reading))
         done += 1 / passes
         if progress:
             progress("overhead", round(done), total)
@@ -1005,7 +996,11 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             _keep_fastest(measured, measure(grid, _disturbed(grid, measured)))
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
     per_kernel, per_run = overheads(min(c[0] for c in chains), min(c[1] for c in chains))
-    memory = fastest_sweep(sweeps, reported_cache) if sweeps else MemoryLevels(0, 0.0, ())
+    quiet = quiet_passes(memory_passes)
+    memory = fastest_sweep([p.sweep for p in quiet], reported_cache) if quiet else MemoryLevels(0, 0.0, ())
+    quantized_rates = {family: max((p.reads[family] for p in quiet), key=lambda r: r[1])
+                       for family in (quiet[0].reads if quiet else {})}
+    attention_chains = {params: min(p.chains[params] for p in quiet) for params in (quiet[0].chains if quiet else {})}
     return Calibration(
         fingerprint=fingerprint(device),
         tables=tables,
@@ -1032,19 +1027,46 @@ SLOW_PHASE_HANDOFF = 1.2
 QUICK_AGAIN_BEFORE_S = 10.0
 
 
+def _handoff_ratio(reading: dict[str, float]) -> float:
+    """A refresh's handoff probe over its compute probe (NaN without them): high in a host's slow phase."""
+    handoff, compute = reading.get(refresh.HANDOFF_KEY), reading.get(refresh.LOCKSTEP_KEY)
+    return handoff / compute if handoff and compute else math.nan
+
+
 def slow_phase_families(refreshes: list[dict[str, float]], after: dict[str, int]) -> set[str]:
     """The families of `after` (family -> index in `refreshes`) measured in a slow phase that has passed: their
     refresh's handoff probe over its compute probe SLOW_PHASE_HANDOFF x the least of all `refreshes`, the last's
     within it (in the phase still, they would read it again)."""
-
-    def ratio(r: dict[str, float]) -> float:
-        handoff, compute = r.get(refresh.HANDOFF_KEY), r.get(refresh.LOCKSTEP_KEY)
-        return handoff / compute if handoff and compute else math.nan
-
-    ratios = [x for x in map(ratio, refreshes) if math.isfinite(x)]
-    if not after or not ratios or not ratio(refreshes[-1]) <= SLOW_PHASE_HANDOFF * min(ratios):
+    ratios = [x for x in map(_handoff_ratio, refreshes) if math.isfinite(x)]
+    if not after or not ratios or not _handoff_ratio(refreshes[-1]) <= SLOW_PHASE_HANDOFF * min(ratios):
         return set()
-    return {family for family, i in after.items() if ratio(refreshes[i]) > SLOW_PHASE_HANDOFF * min(ratios)}
+    return {family for family, i in after.items() if _handoff_ratio(refreshes[i]) > SLOW_PHASE_HANDOFF * min(ratios)}
+
+
+@dataclass(frozen=True)
+class MemoryPass:
+    """What one pass of a calibration read of memory, and the refresh right after it."""
+
+    refresh: dict[str, float]
+    sweep: MemoryLevels
+    reads: dict[str, tuple[int, float, float]]  # QuantizedReads' by family, and "gemm": FloatReads'
+    chains: dict[tuple[float, ...], float]  # AttentionChains'
+
+
+def quiet_passes(passes: list[MemoryPass]) -> list[MemoryPass]:
+    """The passes whose memory readings describe the device that the tables do: those whose refresh read the
+    handoff probe within SLOW_PHASE_HANDOFF of the least, for its compute probe's time (all, where none read it).
+
+    The tables keep each point's fastest pass, and a host's slow phase, whose vCPUs sit apart, slows their short
+    kernels; but it can speed memory up. On a 2-core AMD EPYC guest of family 26, with the vCPUs apart the handoff
+    probe read 1.6x and a float decode step's weights streamed 1.4x as fast (60 against 41 GB/s; over 7 minutes the
+    two moved together, correlation -0.98), each vCPU on a chiplet of its own with its own path to memory. The
+    fastest memory readings of all passes would price a device with both sides' best, which never runs."""
+    ratios = [_handoff_ratio(p.refresh) for p in passes]
+    known = [r for r in ratios if math.isfinite(r)]
+    if not known:
+        return passes
+    return [p for p, r in zip(passes, ratios, strict=True) if math.isfinite(r) and r <= SLOW_PHASE_HANDOFF * min(known)]
 
 
 def _keep_fastest(measured: dict[tuple[float, ...], float],
