@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 import sys
 import time
 
 from device_proc import DeviceProc
 
+from agent.simulation.trees import write_atomic
 from probes.process_tree import ProcessTree
 from probes.sysfs import KernelFiles
 from probes.tree_cpu import TreeCpu
@@ -54,3 +56,20 @@ def test_device_proc_of_real_processes_keeps_an_ended_child_s_time_in_its_parent
     assert used >= 0.5, used
     stat = (proc.root / str(parent.pid) / "stat").read_text().rpartition(")")[2].split()
     assert int(stat[13]) > 0  # cutime
+
+
+def test_a_simulated_kernel_file_written_from_two_threads_at_once_is_always_whole(tmp_path):
+    """The simulated device writes one file from two threads (a step's conditions, the load's ticks): each write
+    lands whole, and neither fails for the other's temporary file."""
+    path = tmp_path / "device" / "app-scale"
+    values = {b"1.0000 1.0000", b"2.0185 1.0467"}
+
+    def write(data: bytes) -> None:
+        for _ in range(2000):
+            write_atomic(path, data)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(write, data) for data in values]:
+            done.result()  # raised FileNotFoundError with one temporary file for both
+    assert path.read_bytes() in values
+    assert [p.name for p in path.parent.iterdir()] == ["app-scale"]

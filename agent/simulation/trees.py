@@ -14,6 +14,7 @@ files as the drivers write them (Documentation/gpu/drm-usage-stats.rst).
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,9 +162,11 @@ def stat_with_ticks(real: str, ticks: float, children_ticks: float = 0.0) -> str
 
 def write_atomic(path: Path, data: bytes) -> Path:
     """Atomically, as the kernel's attributes change: a reader (an agent sampling the tree) sees the old value or
-    the new one, never half of one."""
+    the new one, never half of one. Each writer's temporary file is its own: the simulated device writes one file
+    from two threads (a step's conditions, the load's ticks), and with one name for both, the second rename found
+    the first had taken it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
