@@ -996,11 +996,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             _keep_fastest(measured, measure(grid, _disturbed(grid, measured)))
         tables[grid.family] = FamilyTable(axes=grid.axes, points=tuple(measured.items()))
     per_kernel, per_run = overheads(min(c[0] for c in chains), min(c[1] for c in chains))
-    quiet = quiet_passes(memory_passes)
-    memory = fastest_sweep([p.sweep for p in quiet], reported_cache) if quiet else MemoryLevels(0, 0.0, ())
-    quantized_rates = {family: max((p.reads[family] for p in quiet), key=lambda r: r[1])
-                       for family in (quiet[0].reads if quiet else {})}
-    attention_chains = {params: min(p.chains[params] for p in quiet) for params in (quiet[0].chains if quiet else {})}
+    memory, quantized_rates, attention_chains = fastest_readings(quiet_passes(memory_passes), reported_cache)
     return Calibration(
         fingerprint=fingerprint(device),
         tables=tables,
@@ -1067,6 +1063,17 @@ def quiet_passes(passes: list[MemoryPass]) -> list[MemoryPass]:
     if not known:
         return passes
     return [p for p, r in zip(passes, ratios, strict=True) if math.isfinite(r) and r <= SLOW_PHASE_HANDOFF * min(known)]
+
+
+def fastest_readings(passes: list[MemoryPass], reported_cache: int) -> tuple[
+        MemoryLevels, dict[str, tuple[int, float, float]], dict[tuple[float, ...], float]]:
+    """Each memory reading's fastest over `passes` (quiet_passes'): the sweep, the read chains' rates, the attention
+    chains' seconds a layer; none measured where there are no passes (a GPU's calibration)."""
+    if not passes:
+        return MemoryLevels(0, 0.0, ()), {}, {}
+    reads = {family: max((p.reads[family] for p in passes), key=lambda r: r[1]) for family in passes[0].reads}
+    chains = {params: min(p.chains[params] for p in passes) for params in passes[0].chains}
+    return fastest_sweep([p.sweep for p in passes], reported_cache), reads, chains
 
 
 def _keep_fastest(measured: dict[tuple[float, ...], float],
