@@ -84,6 +84,7 @@ class Calibration:
     # decode-step attentions whose KV caches come from memory, each timed in a chain of layers: (gqa coordinates
     # (query heads, 1 token, context, head size, KV heads), seconds a layer)
     attention_chains: tuple[tuple[tuple[float, ...], float], ...] = ()
+    attention_chain_bytes: int = 0  # the past keys and values each of those chains reads a run (0: unmeasured)
 
     @property
     def device(self) -> str:
@@ -109,6 +110,7 @@ class Calibration:
                 "read_rates": [list(r) for r in self.read_rates],
                 "quantized_read_rates": {f: list(r) for f, r in self.quantized_read_rates.items()},
                 "attention_chains": [[list(p), s] for p, s in self.attention_chains],
+                "attention_chain_bytes": self.attention_chain_bytes,
             },
             indent=1,
         )
@@ -141,4 +143,5 @@ class Calibration:
             quantized_read_rates={str(f): (int(r[0]), float(r[1]), float(r[2]))
                                   for f, r in d.get("quantized_read_rates", {}).items()},
             attention_chains=tuple((tuple(float(v) for v in p), float(s)) for p, s in d.get("attention_chains", ())),
+            attention_chain_bytes=int(d.get("attention_chain_bytes", 0)),
         )

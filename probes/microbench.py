@@ -624,9 +624,11 @@ class MemoryLevels:
     rates: tuple[tuple[int, float], ...]  # (working set, bytes per second), as measured
 
 
-# The largest working set the memory sweep reads: 1 GiB, or four times the reported cache where that is more (at
-# most 4 GiB, and a quarter of the free memory). On the hosts measured, the rate of a sweep's product settles from
-# about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
+# The largest working set the memory sweep reads: 1 GiB, or twice the reported cache where that is more (at
+# most 4 GiB, and a quarter of the free memory; a cyclic read of twice an LRU cache's size misses it throughout, and
+# on a 2-core Intel Xeon VM reporting 480 MiB of L3 the sweep read 27.6 GB/s at 512 MiB and 26.3 at 1 GiB, where
+# four times, 1.9 GiB, took 5 s more of a 50 s calibration). On the hosts measured, the rate of a sweep's product
+# settles from about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
 # 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
 # Faulting the buffer in is what costs (1.6-3 s a GiB on a VM, and as much again for FloatReads' session): it is
 # made once a calibration, and a quick one makes a quarter of it, where the rate has settled on those hosts (on a
@@ -640,7 +642,7 @@ STREAM_BLOCK = 2 ** 25  # each 32 MiB of the buffer holds its own value: onnxrun
 
 def stream_bytes(reported_cache: int, quick: bool = False) -> int:
     """The bytes of weights the memory sweep and FloatReads read (above; `quick`: a quarter as many)."""
-    return min(max(STREAM_BYTES, 4 * reported_cache), 4 * STREAM_BYTES) // (4 if quick else 1)
+    return min(max(STREAM_BYTES, 2 * reported_cache), 4 * STREAM_BYTES) // (4 if quick else 1)
 
 
 def stream_buffer(reported_cache: int, largest: int | None = None, quick: bool = False) -> np.ndarray:
@@ -773,7 +775,8 @@ class FloatReads:
     def __init__(self, reported_cache: int, buffer: np.ndarray) -> None:
         """Weights: views of `buffer` (stream_buffer, whose blocks differ: onnxruntime shares equal initializers,
         and one matrix read many times stays in the cache), half of it (512 MiB of a full calibration's), or four
-        times the reported cache where that is more (on the Xeon below, 415 MiB read as fast as 1.6 GiB)."""
+        times the reported cache where that is more, all of it at most (on the Xeon below, 415 MiB read as fast as
+        1.6 GiB)."""
         per_kernel = 4 * self.K * self.N
         total = min(max(buffer.nbytes // 2, 4 * reported_cache), buffer.nbytes)
         count = max(1, total // per_kernel)
@@ -807,6 +810,10 @@ class AttentionChains:
     calibration's one grouping (GQA_GROUP) cannot tell apart. The cost model fits one cost per query head and one
     per KV head to the chains (costmodel.py: decode_attention_seconds). The presents are the graph's outputs, each
     in memory of its own, as a model's are. Made once; each pass times them again.
+
+    A step whose weights and cache are larger than the chains' (`bytes`) reads its cache slower, the more so where
+    the chains' working set still hits the cache in part (a large last-level cache): the cost model scales their
+    cost per KV head by the memory sweep's rates at the two working sets (CostModel.cache_read_slowdown).
     """
 
     CHAINS = ((16, 2), (16, 16))  # (query heads, KV heads): grouped as Qwen2.5's, and one KV head a query head
@@ -815,9 +822,11 @@ class AttentionChains:
     def __init__(self, reported_cache: int, rng: np.random.Generator) -> None:
         target = min(max(2 * reported_cache, 48 * 2 ** 20), 128 * 2 ** 20, psutil.virtual_memory().available // 8)
         self.chains = []
+        reads = []  # each chain's past keys and values, in bytes
         for heads, kv_heads in self.CHAINS:
             past = (1, kv_heads, self.CONTEXT - 1, self.HEAD)
             layers = max(1, target // (2 * 4 * math.prod(past)))
+            reads.append(layers * 2 * 4 * math.prod(past))
             p = (float(heads), 1.0, float(self.CONTEXT), float(self.HEAD))
             points = [_gqa_point(p, "x", f"y{i}", f"c{i}", rng, kv_heads=kv_heads) for i in range(layers)]
             for point in points[1:]:
@@ -831,6 +840,7 @@ class AttentionChains:
             so.log_severity_level = 3
             session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
             self.chains.append(((*p, float(kv_heads)), layers, session, feeds))
+        self.bytes = round(statistics.fmean(reads))  # the chains' working set: about `target` each
 
     def measure(self) -> dict[tuple[float, ...], float]:
         """gqa coordinates (query heads, 1, context, head size, KV heads) -> seconds a layer, from each chain's
@@ -1011,6 +1021,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         read_rates=memory.rates,
         quantized_read_rates=quantized_rates,
         attention_chains=tuple(attention_chains.items()),
+        attention_chain_bytes=attention.bytes if attention is not None else 0,
     )
 
 

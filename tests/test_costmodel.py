@@ -402,25 +402,29 @@ def test_attention_chains_copy_each_layers_own_past_into_a_present_it_outputs_re
     assert set(measured) == {(float(q), 1.0, float(context), float(head), float(kv))
                              for q, kv in AttentionChains.CHAINS}
     assert all(0 < s < 1 for s in measured.values())
+    reads = []
     for params, layers, session, feeds in chains.chains:
         kv = int(params[4])
         assert layers == 48 * 2 ** 20 // (2 * 4 * kv * (context - 1) * head)
+        reads.append(layers * 2 * 4 * kv * (context - 1) * head)
         outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
         for i in range(layers):  # each present is an output of its own, holding its own past and the new token
             for name in ("k", "v"):
                 present = outputs[f"y{i}_{name}"]
                 assert present.shape == (1, kv, context, head)
                 np.testing.assert_array_equal(present[:, :, :context - 1], feeds[f"p{name}_c{i}"])
+    assert chains.bytes == round(sum(reads) / len(reads)) and 32 * 2 ** 20 < chains.bytes <= 48 * 2 ** 20
 
 
-def _attention_calibration(chains=()) -> Calibration:
+def _attention_calibration(chains=(), chain_bytes: int = 0) -> Calibration:
     mib = 2 ** 20
     axes = ((4.0, 16.0), (1.0,), (1.0, 16.0, 2048.0), (64.0, 256.0))
     table = FamilyTable(axes=axes, points=tuple((p, 2e-6 + work_of("gqa", p) / 20e9)
                                                 for p in itertools.product(*axes)))
     return Calibration(fingerprint={"device": "cpu"}, tables={"gqa": table}, per_kernel_s=0.0, per_run_s=0.0,
                        stream_bytes_per_s=8e9, cache_bytes=16 * mib,
-                       read_rates=((16 * mib, 40e9), (256 * mib, 8e9)), attention_chains=chains)
+                       read_rates=((16 * mib, 40e9), (256 * mib, 8e9)), attention_chains=chains,
+                       attention_chain_bytes=chain_bytes)
 
 
 def _decode(heads: int, kv_heads: int, context: int, head: int = 64) -> Kernel:
@@ -452,6 +456,26 @@ def test_a_decode_steps_attention_costs_by_query_head_and_by_kv_head_as_the_chai
     unchained = CostModel(_attention_calibration())
     assert unchained.seconds(Plan(kernels=(k,), weight_bytes=512 * 2 ** 20)) == pytest.approx(
         unchained.kernel_seconds(k) + weight_bytes(k) / 8e9)
+
+
+def test_a_decode_steps_kv_cache_streams_at_the_sweeps_rate_for_its_working_set_against_the_chains_one():
+    """Chains of 64 MiB, read at 17.9 GB/s on the sweep's log-log curve (40 GB/s at 16 MiB, 8 from 256 MiB on);
+    a step touching 512 MiB reads at 8: its cost per KV head 2.24x the chains', its cost per query head as it was."""
+    per_query, per_kv = 1e-10, 1.2e-9
+    table = CostModel(_attention_calibration())
+    one_token = table.kernel_seconds(_decode(14, 2, 1))
+    chains = tuple(((16.0, 1.0, 4096.0, 64.0, float(kv)), table.kernel_seconds(_decode(16, kv, 1))
+                    + 4096 * 64 * (per_query * 16 + per_kv * kv)) for kv in (2, 16))
+    mib = 2 ** 20
+    cm = CostModel(_attention_calibration(chains, chain_bytes=64 * mib))
+    slowdown = math.sqrt(40 / 8)
+    assert cm.cache_read_slowdown(512 * mib) == pytest.approx(slowdown)
+    plan = Plan(kernels=(_decode(14, 2, 4096),), weight_bytes=512 * mib)
+    assert cm.seconds(plan) == pytest.approx(one_token + 4096 * 64 * (per_query * 14 + per_kv * 2 * slowdown))
+    # a step no larger than the chains reads as they did; so does every step of a calibration that did not say
+    assert cm.cache_read_slowdown(64 * mib) == cm.cache_read_slowdown(32 * mib) == 1.0
+    unsized = CostModel(_attention_calibration(chains))
+    assert unsized.seconds(plan) == pytest.approx(one_token + 4096 * 64 * (per_query * 14 + per_kv * 2))
 
 
 def test_attention_costs_are_never_negative_where_noise_would_fit_one_below_zero():
