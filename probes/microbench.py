@@ -628,8 +628,8 @@ class MemoryLevels:
 # most 4 GiB, and a quarter of the free memory; a cyclic read of twice an LRU cache's size misses it throughout, and
 # on a 2-core Intel Xeon VM reporting 480 MiB of L3 the sweep read 27.6 GB/s at 512 MiB and 26.3 at 1 GiB, where
 # four times, 1.9 GiB, took 5 s more of a 50 s calibration). On the hosts measured, the rate of a sweep's product
-# settles from about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB of L3:
-# 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
+# settles from about 512 MiB (2-core AMD EPYC VM: 21-22 GB/s from 45 MiB to 2 GiB; 16-core Intel Xeon with 300 MiB
+# of L3: 64-68 GB/s at 1-2 GiB); what differs at gigabytes is how a model's kernels read their weights (FloatReads).
 # Faulting the buffer in is what costs (1.6-3 s a GiB on a VM, and as much again for FloatReads' session): it is
 # made once a calibration, and a quick one makes a quarter of it, where the rate has settled on those hosts (on a
 # 2-core Intel Xeon VM with 300 MiB of L3 reported and about 95 MiB held, FloatReads read 0.95x as fast over 288 MiB
