@@ -33,10 +33,12 @@ COMPUTE_FAMILIES: tuple[str, ...] = ("conv", "conv1x1", "dwconv", "gemm", "bmm",
 NBITS_FAMILIES: tuple[str, ...] = ("nbits", "nbits_f")
 NBITS_BLOCK = 32  # onnxruntime-genai's block size for int4 on the CPU, with one float scale per block
 # The chain of block-quantized products that QuantizedReads times beyond the cache: QUANTIZED_CHAIN_KERNELS one-row
-# MatMulNBits of K = QUANTIZED_CHAIN_K, 4-bit, over all the bytes it records. The cost model prices the same chain in
-# the cache to tell the reading in its measured time from the computing (monitors/pricing/costmodel.py).
+# MatMulNBits of K = QUANTIZED_CHAIN_K, 4-bit, over all the bytes it records, and QUANTIZED_CHAIN_SMALL over the same
+# bytes (the two give the time per kernel). The cost model prices the same chains in the cache to tell the reading in
+# their measured times from the computing (monitors/pricing/costmodel.py).
 QUANTIZED_CHAIN_K = 1024
 QUANTIZED_CHAIN_KERNELS = 4
+QUANTIZED_CHAIN_SMALL = 64
 # The table of a Resize that onnxruntime runs in the blocked layout (NCHWc), as its own Upsample kernel: on a 2-core AMD
 # EPYC VM (AVX2) 10-12 GB/s where the plain Resize moves 3 (monitors/pricing/planner.py says which Resizes do).
 NCHWC_UPSAMPLE = "NchwcUpsample"

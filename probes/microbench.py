@@ -39,6 +39,7 @@ from probes.calibration import (
     NCHWC_UPSAMPLE,
     QUANTIZED_CHAIN_K,
     QUANTIZED_CHAIN_KERNELS,
+    QUANTIZED_CHAIN_SMALL,
     Calibration,
     FamilyTable,
     work_of,
@@ -721,7 +722,7 @@ class QuantizedReads:
     kernel). The sessions are made once; each pass times them again.
     """
 
-    SMALL, LARGE = 64, QUANTIZED_CHAIN_KERNELS  # kernels in each chain
+    SMALL, LARGE = QUANTIZED_CHAIN_SMALL, QUANTIZED_CHAIN_KERNELS  # kernels in each chain
 
     def __init__(self, reported_cache: int, rng: np.random.Generator) -> None:
         target = min(max(2 * reported_cache, 48 * 2 ** 20), 128 * 2 ** 20, psutil.virtual_memory().available // 8)

@@ -395,6 +395,29 @@ def test_a_quantized_decode_step_is_priced_at_the_measured_time_of_the_chain_it_
     assert fast.read_share("nbits") == MAX_SHARE
 
 
+def test_a_quantized_kernel_pays_to_start_what_the_chains_read_a_kernel_beyond_what_its_table_prices_in_the_cache():
+    mib = 2 ** 20
+    axes = ((1.0, 16.0), (256.0, 4096.0), (256.0, 32768.0))
+    size = 64 * mib  # the chains QuantizedReads times: 4 and 64 one-row products over all of it
+
+    def model(fixed: float, per_kernel: float, rate: float = 4e9) -> CostModel:
+        table = FamilyTable(axes=axes, points=tuple((p, fixed + work_of("nbits", p) / 50e9)
+                                                    for p in itertools.product(*axes)))
+        return CostModel(Calibration(fingerprint={"device": "cpu"}, tables={"nbits": table}, per_kernel_s=0.0,
+                                     per_run_s=0.0, stream_bytes_per_s=8e9, cache_bytes=16 * mib,
+                                     read_rates=((16 * mib, 40e9), (64 * mib, 10e9), (256 * mib, 8e9)),
+                                     quantized_read_rates={"nbits": (size, rate, per_kernel)}))
+
+    product = Kernel("nbits", (1.0, 896.0, 4864.0, 4.0, 32.0, 4.0), 2.0 * 896 * 4864, "MatMulNBits", 100)
+    step = Plan(kernels=(product,), weight_bytes=512 * mib)  # a decode step's 100 products, streamed
+    # a table of no fixed cost: the chains' 20 us a kernel is all start, and each of the step's products pays it
+    assert model(0.0, 20e-6).seconds(step) == pytest.approx(model(0.0, 0.0).seconds(step) + 100 * 20e-6, rel=1e-9)
+    # a table whose kernels cost 60 us each beyond their work: the chains' 20 us a kernel is what the table already
+    # prices, no start; the chain's time is all its reading and computing
+    assert model(60e-6, 20e-6).seconds(step) == pytest.approx(
+        model(60e-6, 0.0, rate=size / (size / 4e9 + QUANTIZED_CHAIN_KERNELS * 20e-6)).seconds(step), rel=1e-9)
+
+
 def test_attention_chains_copy_each_layers_own_past_into_a_present_it_outputs_real_onnxruntime():
     chains = AttentionChains(0, np.random.default_rng(0))  # no cache reported: 48 MiB of past keys and values a chain
     measured = chains.measure()
@@ -566,8 +589,9 @@ def test_quick_grids_keep_every_compute_point_but_the_costliest_and_thin_the_mem
 def test_stream_bytes_beyond_a_large_reported_cache_and_a_quarter_as_many_in_a_quick_calibration() -> None:
     mib = 2 ** 20
     assert stream_bytes(32 * mib) == 1024 * mib and stream_bytes(32 * mib, quick=True) == 256 * mib
-    assert stream_bytes(300 * mib) == 1200 * mib and stream_bytes(300 * mib, quick=True) == 300 * mib
-    assert stream_bytes(2048 * mib) == 4096 * mib  # at most 4 GiB
+    assert stream_bytes(300 * mib) == 1024 * mib  # twice the reported cache only where that is more than 1 GiB
+    assert stream_bytes(600 * mib) == 1200 * mib and stream_bytes(600 * mib, quick=True) == 300 * mib
+    assert stream_bytes(3072 * mib) == 4096 * mib  # at most 4 GiB
 
 
 @pytest.mark.skipif(microbench.nchwc_block() == 0, reason="no blocked layout on this CPU (onnxruntime's NCHWc: x86)")
