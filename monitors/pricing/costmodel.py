@@ -241,7 +241,8 @@ class CostModel:
         float_rate = float(np.exp(np.interp(math.log(size), sizes, rates)))
         if family in NBITS_FAMILIES:
             start = self._stream_start(family, size, per_kernel)
-            # the large chain's time less what it pays to start: its reading (QuantizedReads took the whole per_kernel)
+            # the large chain's reading and computing: its time less its kernels' start (QuantizedReads' rate took off
+            # the chains' whole time a kernel)
             chain = size / rate + QUANTIZED_CHAIN_KERNELS * (per_kernel - start)
             return (*self._quantized_reading(family, size, chain, size / float_rate), start)
         return min(MAX_SHARE, max(0.1, rate / float_rate)), None, 0.0
