@@ -39,6 +39,11 @@ NBITS_BLOCK = 32  # onnxruntime-genai's block size for int4 on the CPU, with one
 QUANTIZED_CHAIN_K = 1024
 QUANTIZED_CHAIN_KERNELS = 4
 QUANTIZED_CHAIN_SMALL = 64
+# A block-quantized product's K beyond a multiple of NBITS_TAIL_PERIOD, in the steps NbitsTails times: onnxruntime's
+# int8-compute kernel runs a tail of two or three blocks of 32 slower (on a 2-core Intel Xeon VM with AVX-512 VNNI, at
+# 256 rows: 219-225 GFLOP/s at K = 896, 1024 and 1152, 185-191 at 832, 960 and 1088, 169-175 at 864 and 992).
+NBITS_TAIL_PERIOD = 128
+NBITS_TAILS = (0, 32, 64, 96)
 # The table of a Resize that onnxruntime runs in the blocked layout (NCHWc), as its own Upsample kernel: on a 2-core AMD
 # EPYC VM (AVX2) 10-12 GB/s where the plain Resize moves 3 (monitors/pricing/planner.py says which Resizes do).
 NCHWC_UPSAMPLE = "NchwcUpsample"
@@ -87,6 +92,9 @@ class Calibration:
     # (query heads, 1 token, context, head size, KV heads), seconds a layer)
     attention_chains: tuple[tuple[tuple[float, ...], float], ...] = ()
     attention_chain_bytes: int = 0  # the past keys and values each of those chains reads a run (0: unmeasured)
+    # how much slower an int8-compute block-quantized product of many rows runs where K is 0, 32, 64 or 96 beyond a
+    # multiple of 128 (NBITS_TAILS), against K a multiple of 128 (empty: unmeasured)
+    nbits_tails: tuple[float, ...] = ()
 
     @property
     def device(self) -> str:
@@ -113,6 +121,7 @@ class Calibration:
                 "quantized_read_rates": {f: list(r) for f, r in self.quantized_read_rates.items()},
                 "attention_chains": [[list(p), s] for p, s in self.attention_chains],
                 "attention_chain_bytes": self.attention_chain_bytes,
+                "nbits_tails": list(self.nbits_tails),
             },
             indent=1,
         )
@@ -146,4 +155,5 @@ class Calibration:
                                   for f, r in d.get("quantized_read_rates", {}).items()},
             attention_chains=tuple((tuple(float(v) for v in p), float(s)) for p, s in d.get("attention_chains", ())),
             attention_chain_bytes=int(d.get("attention_chain_bytes", 0)),
+            nbits_tails=tuple(float(v) for v in d.get("nbits_tails", ())),
         )

@@ -36,6 +36,7 @@ from probes.calibration import (
     COMPUTE_FAMILIES,
     FORMAT_VERSION,
     NBITS_BLOCK,
+    NBITS_TAILS,
     NCHWC_UPSAMPLE,
     QUANTIZED_CHAIN_K,
     QUANTIZED_CHAIN_KERNELS,
@@ -490,6 +491,18 @@ def _profile(points: list[_Point], outputs: list[str], runs: int, providers: lis
 
 
 BIAS_PROBES = 16  # kernels that do nothing, beside the points of every profiled session
+
+
+def nbits_tails(runs: int, rng: np.random.Generator) -> tuple[float, ...]:
+    """How much slower int8-compute block-quantized products of 256 rows by 1024 columns run, per element of work,
+    with K NBITS_TAILS beyond 1024 than at 1024, timed in one session (the host's speed cancels out). The `nbits`
+    grid's K axis holds multiples of 128 only, and a model's K need not be one (SmolLM2's 960: its int4 prefills
+    were priced 17-21 % fast on a 2-core Intel Xeon VM)."""
+    points = [(256.0, 1024.0 + t, 1024.0) for t in NBITS_TAILS]
+    built = [_point("nbits", p, f"tail{i}", rng) for i, p in enumerate(points)]
+    times = _profile_points(built, runs, ["CPUExecutionProvider"], rng)
+    rates = [work_of("nbits", p) / times[b.output] for p, b in zip(points, built, strict=True)]
+    return tuple(max(1.0, rates[0] / r) for r in rates)
 
 
 def _do_nothing(length: int) -> _Point:
@@ -949,6 +962,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     passes = 1 if quick else 3
     fastest: dict[str, dict[tuple[float, ...], float]] = {grid.family: {} for grid, _ in plan}
     chains: list[tuple[float, float]] = []
+    tails: list[tuple[float, ...]] = []  # nbits_tails, a pass each
     # The warm refresh's reference is read in each pass too and keeps its fastest, as the points do: it must
     # describe the same quiet device as the tables, and a host's slow phase can outlast three refreshes in a row.
     # A quick calibration's one pass runs at whatever speed the host has through it, its tables too: its reference
@@ -975,6 +989,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 refreshes.append(refresh.measure(stream=True))  # spread over the one pass (below)
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
+            tails.append(nbits_tails(runs, rng))
             if buffer is None:
                 buffer = stream_buffer(reported_cache, quick=quick)
             if quantized is None or floats is None or attention is None:
@@ -1023,6 +1038,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         quantized_read_rates=quantized_rates,
         attention_chains=tuple(attention_chains.items()),
         attention_chain_bytes=attention.bytes if attention is not None else 0,
+        nbits_tails=tuple(statistics.median(tail) for tail in zip(*tails, strict=True)),
     )
 
 

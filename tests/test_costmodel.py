@@ -38,6 +38,7 @@ from probes.microbench import (
     measure_memory,
     memory_levels,
     memory_sweep_sizes,
+    nbits_tails,
     overheads,
     profiler_cost,
     quiet_passes,
@@ -109,7 +110,8 @@ def test_plan_latency_adds_dispatch_and_run_overheads():
 
 
 def test_calibration_and_plan_survive_json_round_trip():
-    cal = _cal({"Add": _memory_table(), "gemm": _gemm_table(False)})
+    cal = replace(_cal({"Add": _memory_table(), "gemm": _gemm_table(False)}), attention_chain_bytes=134184960,
+                  nbits_tails=(1.0, 1.0, 1.13, 1.18))
     again = Calibration.from_json(cal.to_json())
     assert again == cal
     clip = Kernel("eltwise", (512.0,), 512.0, "Clip")
@@ -416,6 +418,31 @@ def test_a_quantized_kernel_pays_to_start_what_the_chains_read_a_kernel_beyond_w
     # prices, no start; the chain's time is all its reading and computing
     assert model(60e-6, 20e-6).seconds(step) == pytest.approx(
         model(60e-6, 0.0, rate=size / (size / 4e9 + QUANTIZED_CHAIN_KERNELS * 20e-6)).seconds(step), rel=1e-9)
+
+
+def test_a_prefills_block_quantized_products_pay_the_measured_slowdown_of_their_k_beyond_a_multiple_of_128():
+    axes = ((1.0, 256.0), (256.0, 4096.0), (256.0, 4096.0))
+    table = FamilyTable(axes=axes, points=tuple((p, work_of("nbits", p) / 200e9) for p in itertools.product(*axes)))
+    plain = Calibration(fingerprint={"device": "cpu"}, tables={"nbits": table, "nbits_f": table}, per_kernel_s=0.0,
+                        per_run_s=0.0)
+    tails = replace(plain, nbits_tails=(1.0, 1.02, 1.13, 1.18))
+
+    def product(m: float, k: float, family: str = "nbits") -> Kernel:
+        p = (m, k, 1024.0, 4.0, 32.0, 4.0)
+        return Kernel(family, p, 2.0 * m * k * 1024, "MatMulNBits")
+
+    for k, slower in ((1024.0, 1.0), (960.0, 1.13), (992.0, 1.18), (896.0, 1.0), (928.0, 1.02), (1000.0, 1.18)):
+        assert CostModel(tails).kernel_seconds(product(256.0, k)) == pytest.approx(
+            slower * CostModel(plain).kernel_seconds(product(256.0, k)), rel=1e-9), k
+    # one row (a decode step's, which reads more than it computes), float compute and an older calibration: as before
+    for kernel, cal in ((product(1.0, 960.0), tails), (product(256.0, 960.0, "nbits_f"), tails),
+                        (product(256.0, 960.0), plain)):
+        assert CostModel(cal).kernel_seconds(kernel) == CostModel(plain).kernel_seconds(kernel)
+
+
+def test_nbits_tails_time_k_beyond_1024_against_1024_in_one_session_real_onnxruntime():
+    slowdowns = nbits_tails(2, np.random.default_rng(0))
+    assert len(slowdowns) == 4 and slowdowns[0] == 1.0 and all(1.0 <= s < 5.0 for s in slowdowns)
 
 
 def test_attention_chains_copy_each_layers_own_past_into_a_present_it_outputs_real_onnxruntime():

@@ -26,6 +26,8 @@ from probes.calibration import (
     COMPUTE_FAMILIES,
     NBITS_BLOCK,
     NBITS_FAMILIES,
+    NBITS_TAIL_PERIOD,
+    NBITS_TAILS,
     QUANTIZED_CHAIN_K,
     QUANTIZED_CHAIN_KERNELS,
     QUANTIZED_CHAIN_SMALL,
@@ -187,8 +189,18 @@ class CostModel:
             hit = (interp(coords), floor_work / math.exp(interp(floor)) if floor_work else 0.0)
             self._cache[key] = hit
         log_eff, floor_s = hit
-        own = k.repeat * max(k.work / math.exp(log_eff), floor_s)
+        own = k.repeat * max(k.work / math.exp(log_eff), floor_s) * self.k_tail_slowdown(k)
         return own + self.kernel_seconds(k.epilogue) if k.epilogue else own
+
+    def k_tail_slowdown(self, k: Kernel) -> float:
+        """How much slower than its table says an int8-compute block-quantized product of many rows runs for its K
+        beyond a multiple of NBITS_TAIL_PERIOD: the step measured at or below it (nbits_tails; 1 for one row, whose
+        kernel reads more than it computes, and for any other kernel)."""
+        tails = self.calibration.nbits_tails
+        if k.family != "nbits" or k.params[0] <= 1 or len(tails) != len(NBITS_TAILS):
+            return 1.0
+        beyond = int(k.params[1]) % NBITS_TAIL_PERIOD
+        return tails[max(i for i, t in enumerate(NBITS_TAILS) if t <= beyond)]
 
     def weight_read_rate(self, footprint: float) -> float:
         """Bytes per second at which a model whose inference touches `footprint` bytes reads its weights
