@@ -88,6 +88,16 @@ class DeviceProc:
         """Processes outside the test's tree that run on the device (busy processes of others)."""
         self._adopted.update(pids)
 
+    def shown(self, pid: int, timeout_s: float = 5.0) -> None:
+        """Wait until the device /proc shows `pid` (at its first update after the process started): the agent reads
+        the pid an app names from it, and one not there yet read as gone, its run as others' load from then on (a
+        test failed so one run in three on a 2-core Intel Xeon VM)."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.root / str(pid) / "stat").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {pid} is not on the device /proc after {timeout_s} s")
+            time.sleep(self.INTERVAL_S / 5)
+
     def _run(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
             self.update()

@@ -67,6 +67,7 @@ async def test_real_agent_device_proc_an_app_running_its_monitor_s_model_at_30_f
             slowdown = tmp_path / "slowdown"
             slowdown.write_text("1.0")
             app = AppProcess([Workload("", frame_model, {}, 30.0)], slowdown)
+            await asyncio.to_thread(device_proc.shown, app.pid)
             said, _ = await request_v5(c, DEV, "monitors/running",
                                        {"monitor": "blur", "running": True, "rateHz": 30, "pid": app.pid})
             assert said["data"] == {"monitor": "blur", "running": True}
