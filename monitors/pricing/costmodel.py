@@ -153,7 +153,8 @@ class CostModel:
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
         self._interp = {f: build_interpolator(f, t) for f, t in calibration.tables.items()}
-        self._cache: dict[tuple[str, str, tuple[float, ...]], tuple[float, float]] = {}  # (log efficiency, floor s)
+        # (log efficiency, floor s, K tail slowdown) by kernel
+        self._cache: dict[tuple[str, str, tuple[float, ...]], tuple[float, float, float]] = {}
         self.cache_bytes = calibration.cache_bytes or int(calibration.fingerprint.get("llc_bytes", "0") or 0)
         self.stream_bytes_per_s = calibration.stream_bytes_per_s  # 0 where unmeasured (GPU): no cold pricing
         beyond = [(size, rate) for size, rate in calibration.read_rates if size >= self.cache_bytes]
@@ -186,10 +187,10 @@ class CostModel:
             # not strict: coords is the params cut to the grid's axes, and may be the shorter
             floor = tuple(max(p, float(np.exp(a[0]))) for p, a in zip(coords, interp.axes, strict=False))
             floor_work = work_of(table, floor) if floor != coords else 0.0
-            hit = (interp(coords), floor_work / math.exp(interp(floor)) if floor_work else 0.0)
+            hit = (interp(coords), floor_work / math.exp(interp(floor)) if floor_work else 0.0, self.k_tail_slowdown(k))
             self._cache[key] = hit
-        log_eff, floor_s = hit
-        own = k.repeat * max(k.work / math.exp(log_eff), floor_s) * self.k_tail_slowdown(k)
+        log_eff, floor_s, tail = hit
+        own = k.repeat * max(k.work / math.exp(log_eff), floor_s) * tail
         return own + self.kernel_seconds(k.epilogue) if k.epilogue else own
 
     def k_tail_slowdown(self, k: Kernel) -> float:
@@ -211,10 +212,15 @@ class CostModel:
         """
         if not (self.cache_bytes > 0 and footprint > self.cache_bytes and self.stream_bytes_per_s > 0):
             return 0.0
+        return self._curve_rate(footprint)
+
+    def _curve_rate(self, size: float) -> float:
+        """The sweep's read rate over a working set of `size` bytes: log-log between the sizes measured from the
+        cache on, the nearest one's beyond them (memory's rate where fewer than two were)."""
         if self._read_curve is None:
             return self.stream_bytes_per_s
         sizes, rates = self._read_curve
-        return float(np.exp(np.interp(math.log(footprint), sizes, rates)))
+        return float(np.exp(np.interp(math.log(size), sizes, rates)))
 
     def cache_read_slowdown(self, footprint: float) -> float:
         """How much slower than in calibration's chains of attentions a decode step touching `footprint` bytes
@@ -226,8 +232,7 @@ class CostModel:
         chains = self.calibration.attention_chain_bytes
         if not (chains > 0 and footprint > chains and self._read_curve is not None):
             return 1.0
-        sizes, rates = self._read_curve
-        return float(np.exp(np.interp(math.log(chains), sizes, rates) - np.interp(math.log(footprint), sizes, rates)))
+        return self._curve_rate(chains) / self._curve_rate(footprint)
 
     def read_share(self, family: str) -> float:
         """How fast a family's kernels read their weights beyond the cache, relative to the sweep's product over
@@ -249,8 +254,7 @@ class CostModel:
         if measured is None or self._read_curve is None:
             return 1.0, None, 0.0
         size, rate, per_kernel = measured
-        sizes, rates = self._read_curve
-        float_rate = float(np.exp(np.interp(math.log(size), sizes, rates)))
+        float_rate = self._curve_rate(size)
         if family in NBITS_FAMILIES:
             start = self._stream_start(family, size, per_kernel)
             # the large chain's reading and computing: its time less its kernels' start (QuantizedReads' rate took off
@@ -299,14 +303,14 @@ class CostModel:
         # stream past them (the live ones, written and read again) fit in the last-level cache.
         footprint = plan.weight_bytes + 2 * plan.peak_activation_bytes
         rate = self.weight_read_rate(footprint) / memory
+        kv_memory = memory * self.cache_read_slowdown(footprint) if rate else memory  # a decode step's KV cache
         times = []
         for k in plan.kernels:
             t = self.kernel_seconds(k)
             if rate and k.family == "gqa":
                 # a decode step's as the chains of attentions measured it, its cache read at its working set's rate;
                 # a prefill's cache goes to memory on top of the attention's own work, measured in the cache
-                decode = (self.decode_attention_seconds(k, memory * self.cache_read_slowdown(footprint))
-                          if k.params[1] == 1 and k.params[2] > 1 else None)
+                decode = self.decode_attention_seconds(k, kv_memory) if k.params[1] == 1 and k.params[2] > 1 else None
                 t = decode if decode is not None else t + k.repeat * weight_bytes(k) / rate
             elif rate:  # each kernel reads its weights again, no faster than that
                 share, unhidden, start = self._reading(k.family)
