@@ -31,6 +31,15 @@ class StandIn:
         return self.waiting
 
 
+def until(condition: Any, timeout_s: float = 5.0) -> bool:
+    """Whether `condition()` came true within `timeout_s`: a test that needs n samples waits for them, not for the
+    n intervals they take on a quiet host (beside the other tests, a 0.05 s interval ran late)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bool(condition())
+
+
 def run(sampler: StandIn, seconds: float, deliver: Any = None) -> list[Sampled]:
     got: list[Sampled] = []
     thread = SamplingThread(sampler, 0.1, 0.02, deliver or got.append).start()  # type: ignore[arg-type]
@@ -82,7 +91,10 @@ def test_a_failed_sample_is_handed_over_as_such_and_sampling_goes_on():
         got.append(sampled)
         sampler.fail = False
 
-    run(sampler, 0.25, deliver)
+    thread = SamplingThread(sampler, 0.1, 0.02, deliver).start()  # type: ignore[arg-type]
+    assert until(lambda: len(got) >= 2)
+    thread.stop()
+    assert thread.join(1.0)
     assert got[0].state is None and isinstance(got[0].error, OSError)
     assert got[1].state is not None and got[1].error is None
 
@@ -117,10 +129,10 @@ def test_samples_inside_the_band_are_not_handed_over_and_the_first_outside_it_is
 
     thread = SamplingThread(StandIn(waiting=False), 0.05, 0.02, deliver)  # type: ignore[arg-type]
     thread.start()
-    time.sleep(0.4)
-    assert len(got) == 1 and thread.skipped >= 2  # the rest were inside the band
+    assert until(lambda: thread.skipped >= 2)
+    assert len(got) == 1  # the rest were inside the band
     bands[0].holding = False
-    time.sleep(0.15)
+    assert until(lambda: len(got) >= 2)
     thread.stop()
     assert thread.join(1.0)
     (first, _), (out, skipped) = got[0], got[1]
@@ -139,8 +151,8 @@ def test_a_band_made_from_an_older_sample_is_stale():
 
     thread = SamplingThread(StandIn(waiting=False), 0.05, 0.02, deliver)  # type: ignore[arg-type]
     thread.start()
-    time.sleep(0.3)
+    assert until(lambda: len(got) >= 4)
     thread.stop()
     assert thread.join(1.0)
-    assert len(got) >= 4 and thread.skipped == 0
+    assert thread.skipped == 0
     assert [s.number for s in got] == list(range(1, len(got) + 1))
