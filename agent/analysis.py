@@ -51,15 +51,18 @@ class Analysis:
     memory_bytes: int           # weights + peak activations (+ KV cache): must fit in the memory free now
     written_mb: float = 0.0     # activations the CPU plan writes per inference (the handoff extra's bytes)
     stream_ms: float = 0.0      # what the CPU latency gains per unit of memory slowdown (Estimator.stream_ms)
+    gemm_ms: float = 0.0        # ... and per unit of gemm slowdown (Estimator.gemm_ms)
     # A generation's phases, by device, at rest: (time to first token, time per output token) in ms, and
-    # the MB the prefill and one decode step write and their stream_ms on the CPU; empty for one inference.
+    # the MB the prefill and one decode step write and their stream_ms and gemm_ms on the CPU; empty for one
+    # inference.
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
     phase_written_mb: tuple[float, float] = (0.0, 0.0)
     phase_stream_ms: tuple[float, float] = (0.0, 0.0)
+    phase_gemm_ms: tuple[float, float] = (0.0, 0.0)
 
     def present(self, speed: Speed) -> tuple[float, str]:
         """The fastest device's latency at `speed` (inf where it does not fit now), and that device."""
-        return fastest(self.base_ms, speed, self.memory_bytes, self.written_mb, self.stream_ms)
+        return fastest(self.base_ms, speed, self.memory_bytes, self.written_mb, self.stream_ms, self.gemm_ms)
 
 
 class EngineError(Exception):
@@ -146,15 +149,15 @@ def _analyse_unbounded(fmt: str, source: Any, inputs: dict[str, InputSpec], limi
     if generation is not None:
         return _analyse_generation(fmt, source, limits, generation)
     graph = load_graph(source, fmt=fmt, inputs=inputs or None, limits=limits)
-    plans, base, memory, written, stream = {}, {}, 0, 0.0, 0.0
+    plans, base, memory, written, stream, gemm = {}, {}, 0, 0.0, 0.0, 0.0
     for device in _ESTIMATOR.devices:
         plan = _ESTIMATOR.plan(graph, device)
         plans[device] = plan.to_json()
         base[device] = float(_ESTIMATOR.base_latency_ms(plan, device))
         memory = max(memory, int(plan.memory_bytes))
         if device == "cpu":
-            written, stream = plan.written_mb, _ESTIMATOR.stream_ms(plan)
-    return Analysis(plans, base, memory, written, stream)
+            written, stream, gemm = plan.written_mb, _ESTIMATOR.stream_ms(plan), _ESTIMATOR.gemm_ms(plan)
+    return Analysis(plans, base, memory, written, stream, gemm)
 
 
 def _ms(costs: CostModel, plan: Plan) -> float:
@@ -165,6 +168,10 @@ def _stream_ms(costs: CostModel, plan: Plan) -> float:
     return 1000.0 * costs.stream_seconds(plan)
 
 
+def _gemm_ms(costs: CostModel, plan: Plan) -> float:
+    return 1000.0 * costs.gemm_seconds(plan)
+
+
 def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationSpec) -> Analysis:
     """A generation's plans by device: the whole at rest is what monitors keep, its phases what `estimate` tells."""
     from monitors.graphs.importer import load_decoder  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
@@ -172,7 +179,7 @@ def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationS
 
     model = load_decoder(source, fmt=fmt, limits=limits)
     plans, base, phases, memory = {}, {}, {}, 0
-    written, phase_written, stream, phase_stream = 0.0, (0.0, 0.0), 0.0, (0.0, 0.0)
+    written, phase_written, stream, phase_stream, gemm, phase_gemm = 0.0, (0.0, 0.0), 0.0, (0.0, 0.0), 0.0, (0.0, 0.0)
     for device in _ESTIMATOR.devices:
         plan = _ESTIMATOR.plan_generation(model.decoder, spec, model.graph, device)
         times = generation_times(plan, functools.partial(_ms, _ESTIMATOR.models[device]))
@@ -186,19 +193,23 @@ def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationS
             phase_written = (plan.prefill.written_mb, (written - plan.prefill.written_mb) / steps if steps else 0.0)
             streams = generation_times(plan, functools.partial(_stream_ms, _ESTIMATOR.models[device]))
             stream, phase_stream = streams.total_ms, (streams.ttft_ms, streams.tpot_ms)
-    return Analysis(plans, base, memory, written, stream, phases, phase_written, phase_stream)
+            gemms = generation_times(plan, functools.partial(_gemm_ms, _ESTIMATOR.models[device]))
+            gemm, phase_gemm = gemms.total_ms, (gemms.ttft_ms, gemms.tpot_ms)
+    return Analysis(plans, base, memory, written, stream, gemm, phases, phase_written, phase_stream, phase_gemm)
 
 
-def _rebase(plans: list[dict[str, str]]) -> list[tuple[dict[str, float], float]]:
+def _rebase(plans: list[dict[str, str]]) -> list[tuple[dict[str, float], float, float]]:
     """Calibrated latencies again for stored plans (the calibration may have been redone), by device, and the
-    CPU plan's stream_ms."""
+    CPU plan's stream_ms and gemm_ms."""
     from monitors.pricing.generation import plan_from_json  # noqa: PLC0415 - runs in the estimator workers: the agent's main process never loads the importers
 
     out = []
     for by_device in plans:
         parsed = {device: plan_from_json(text) for device, text in by_device.items() if device in _ESTIMATOR.devices}
+        cpu = parsed.get("cpu")
         out.append(({device: float(_ESTIMATOR.base_latency_ms(plan, device)) for device, plan in parsed.items()},
-                    float(_ESTIMATOR.stream_ms(parsed["cpu"])) if "cpu" in parsed else 0.0))
+                    float(_ESTIMATOR.stream_ms(cpu)) if cpu is not None else 0.0,
+                    float(_ESTIMATOR.gemm_ms(cpu)) if cpu is not None else 0.0))
     return out
 
 
@@ -437,7 +448,7 @@ class AnalysisPool:
         memory), under the worker's memory ceiling and time limit, so the event loop keeps serving."""
         return await self._call(fn, *args)
 
-    async def rebase(self, plans: list[dict[str, str]]) -> list[tuple[dict[str, float], float]]:
+    async def rebase(self, plans: list[dict[str, str]]) -> list[tuple[dict[str, float], float, float]]:
         return await self._call(_rebase, plans, timeout_s=max(self.timeout_s, 0.01 * len(plans)))
 
     async def _call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:

@@ -174,7 +174,7 @@ class MonitorRegistry:
                 latency, device = a.present(speed)
                 view = shown(latency) / latency if 0 < latency < math.inf else 1.0  # held for the monitor's life
                 stored.append(StoredWorkload(name, requirement, device, a.plans, a.base_ms, a.memory_bytes, view,
-                                             a.stream_ms))
+                                             a.stream_ms, a.gemm_ms))
                 latencies.append(latency)
             meets, member_meets = initial_answer(latencies, [w.member() for w in stored], veto)
             rec = StoredMonitor(monitor, stored, self.book.table.next_seq(), meets, member_meets=list(member_meets),
@@ -299,7 +299,7 @@ class MonitorRegistry:
                     log.warning("monitor %s: %s", rec.monitor, exc)
 
     async def rebase(self, price: Callable[[list[dict[str, str]]],
-                                           Awaitable[list[tuple[dict[str, float], float]]]]) -> None:
+                                           Awaitable[list[tuple[dict[str, float], float, float]]]]) -> None:
         """Stored plans priced again with the present calibration (it may have been redone)."""
         items = [(rec.monitor, i) for rec in list(self.book.records.values()) for i in range(len(rec.workloads))]
         for start in range(0, len(items), REBASE_CHUNK):
@@ -309,16 +309,17 @@ class MonitorRegistry:
             except (BadInput, EngineError) as exc:
                 log.warning("could not re-price stored monitors: %s", exc)
                 return
-            for (monitor, i), (base, stream) in zip(chunk, bases, strict=True):
+            for (monitor, i), (base, stream, gemm) in zip(chunk, bases, strict=True):
                 rec = self.book.records.get(monitor)
                 if rec is not None and rec.workloads[i].device in base:
                     rec.workloads[i].base_ms = base
                     rec.workloads[i].stream_ms = stream
+                    rec.workloads[i].gemm_ms = gemm
             for monitor in {m for m, _ in chunk}:
                 rec = self.book.records.get(monitor)
                 if rec is not None:
                     self.book.table.set_base(monitor, [w.base_ms[w.device] for w in rec.workloads],
-                                             [w.stream_ms for w in rec.workloads])
+                                             [w.stream_ms for w in rec.workloads], [w.gemm_ms for w in rec.workloads])
             self.on_change()
 
     # -- files -------------------------------------------------------------------------------------------------------

@@ -261,12 +261,14 @@ class RequestHandler:
         ttft, tpot = analysis.phases[device]
         prefill_mb, step_mb = analysis.phase_written_mb if device == "cpu" else (0.0, 0.0)
         prefill_stream, step_stream = analysis.phase_stream_ms if device == "cpu" else (0.0, 0.0)
+        prefill_gemm, step_gemm = analysis.phase_gemm_ms if device == "cpu" else (0.0, 0.0)
 
-        def now(base_ms: float, written_mb: float, stream_ms: float) -> str:
-            return warp.tier(fastest({device: base_ms}, speed, 0, written_mb, stream_ms)[0] if fits else math.inf)
+        def now(base_ms: float, written_mb: float, stream_ms: float, gemm_ms: float) -> str:
+            return warp.tier(fastest({device: base_ms}, speed, 0, written_mb, stream_ms, gemm_ms)[0] if fits
+                             else math.inf)
 
-        return {"timeToFirstTokenTier": now(ttft, prefill_mb, prefill_stream),
-                "timePerOutputTokenTier": now(tpot, step_mb, step_stream)}
+        return {"timeToFirstTokenTier": now(ttft, prefill_mb, prefill_stream, prefill_gemm),
+                "timePerOutputTokenTier": now(tpot, step_mb, step_stream, step_gemm)}
 
     def _meets(self, request: Request, analyses: list[Analysis], owner: str) -> dict[str, Any]:
         members, latencies = [], []

@@ -275,7 +275,8 @@ class Agent:
                         continue
                     slowdown = refresh.slowdown(result, self._reference)
                     self.speed.refreshed(slowdown, refresh.handoff_ms_per_mb(result, self._reference), started,
-                                         cpu_s, refresh.memory_slowdown(result, self._reference))
+                                         cpu_s, refresh.memory_slowdown(result, self._reference),
+                                         refresh.gemm_slowdown(result, self._reference))
                     log.debug("warm refresh: %s slower than calibrated, %.2f s of CPU",
                               "unknown" if slowdown is None else f"{slowdown:.2f}x", cpu_s)
                     await self._sampled_again()  # pairs the reading; the sampler reads the probe's threads

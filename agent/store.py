@@ -89,6 +89,7 @@ class StoredWorkload:
     memory_bytes: int
     view: float = 1.0  # its owner's view at creation (monitors/privacy.py: shown / live latency), kept for its life
     stream_ms: float = 0.0  # what its CPU latency gains per unit of memory slowdown (local only, never published)
+    gemm_ms: float = 0.0  # ... and per unit of gemm slowdown (local only, never published)
 
     @functools.cached_property
     def written_mb(self) -> float:
@@ -107,12 +108,13 @@ class StoredWorkload:
     def member(self) -> Member:
         """As the monitor table prices it: the deadline as its owner's view puts it (latency * view < deadline)."""
         return Member(self.base_ms[self.device], self.device, self.requirement.deadline_ms / self.view,
-                      self.requirement.sustained_hz, self.memory_bytes, self.written_mb, self.stream_ms)
+                      self.requirement.sustained_hz, self.memory_bytes, self.written_mb, self.stream_ms,
+                      self.gemm_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "requirement": self.requirement.to_json(), "device": self.device,
                 "plans": self.plans, "baseMs": self.base_ms, "memoryBytes": self.memory_bytes, "view": self.view,
-                "streamMs": self.stream_ms}
+                "streamMs": self.stream_ms, "gemmMs": self.gemm_ms}
 
     @classmethod
     def from_json(cls, data: Any) -> StoredWorkload:
@@ -124,7 +126,7 @@ class StoredWorkload:
             raise ValueError(str(exc)) from None
         w = cls(str(data["name"]), requirement, data["device"], dict(data["plans"]),
                 {str(k): float(v) for k, v in dict(data["baseMs"]).items()}, int(data["memoryBytes"]),
-                float(data.get("view", 1.0)), float(data.get("streamMs", 0.0)))
+                float(data.get("view", 1.0)), float(data.get("streamMs", 0.0)), float(data.get("gemmMs", 0.0)))
         if w.name and not MONITOR_ID_RE.fullmatch(w.name):
             raise ValueError(f"bad workload name {w.name!r}")
         if w.device not in DEVICES or w.device not in w.base_ms:
@@ -133,6 +135,8 @@ class StoredWorkload:
             raise ValueError(f"bad view {w.view!r}")
         if not (0.0 <= w.stream_ms < math.inf):
             raise ValueError(f"bad stream time {w.stream_ms!r}")
+        if not (0.0 <= w.gemm_ms < math.inf):
+            raise ValueError(f"bad gemm time {w.gemm_ms!r}")
         return w
 
 

@@ -44,7 +44,7 @@ import onnxruntime as ort
 from monitors.speed.prediction import QUIET
 from monitors.speed.present import AT_REST, Measurement, Speed, cpu_speed
 from probes.microbench import gpu_model
-from probes.refresh import WarmRefresh, handoff_ms_per_mb, memory_slowdown, slowdown
+from probes.refresh import WarmRefresh, gemm_slowdown, handoff_ms_per_mb, memory_slowdown, slowdown
 
 CACHE_FILE = Path(__file__).resolve().parent / ".cache" / "groundtruth.json"
 TARGET_S = 1.5
@@ -128,7 +128,7 @@ def present_speed(probe: dict[str, float] | None, reference: dict[str, float]) -
     if not probe:
         return AT_REST
     reading = Measurement(slowdown(probe, reference), handoff_ms_per_mb(probe, reference),
-                          memory=memory_slowdown(probe, reference))
+                          memory=memory_slowdown(probe, reference), gemm=gemm_slowdown(probe, reference))
     return replace(cpu_speed(QUIET, reading, current=True), gpu=1.0)
 
 

@@ -23,7 +23,7 @@ for the case from the decoder's inputs (monitors/graphs/decoder.py), planned and
 the calibration in the state dir, at rest. Error = estimate / real - 1. A tier counts as right
 when it is the tier of the real latency or of a latency within 10 % of it (a case next to a
 tier boundary). Beside it, the agent's present estimate: the same at the speed the warm refresh
-read before the case's runs (CPU and memory multipliers, column `now`; groundtruth.present_speed).
+read before the case's runs (CPU, memory and gemm multipliers, column `now`; groundtruth.present_speed).
 
     python -m bench.llm_accuracy                          # build, measure what is missing, estimate
     python -m bench.llm_accuracy --measure-only --remeasure --rounds 3
@@ -96,6 +96,7 @@ class Row:
     problem: str | None = None
     cpu: float | None = None  # the CPU multiplier the agent would have read with the truth (groundtruth.present_speed)
     memory: float | None = None  # ... and the memory multiplier
+    gemm: float | None = None  # ... and the gemm multiplier
     present_ms: float | None = None  # the estimate at that speed (the agent's present estimate then)
     present_error: float | None = None
     present_tier_ok: bool | None = None
@@ -297,7 +298,7 @@ def estimate_rows(models: list[tuple[llm_zoo.Family, str]], estimator: Any | Non
                     row.est_tier = tier_for(row.estimate_ms)
                     if real is not None:
                         speed = _present_speed(real, estimator)
-                        row.cpu, row.memory = speed.cpu, speed.memory
+                        row.cpu, row.memory, row.gemm = speed.cpu, speed.memory, speed.gemm
                         row.present_ms = estimator.estimate(plan, "cpu", speed).latency_ms
                 except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a row, then goes on
                     row.problem = f"estimate: {type(exc).__name__}: {exc}"
@@ -326,7 +327,7 @@ def _generation_row(fam: llm_zoo.Family, precision: str, key: str, truth: dict[s
             row.problem = (f"TTFT {times.ttft_ms:.1f} vs {real['ttft_ms']:.1f} ms, "
                            f"TPOT {times.tpot_ms:.2f} vs {real['tpot_ms']:.2f} ms")
             speed = _present_speed(real, estimator)
-            row.cpu, row.memory = speed.cpu, speed.memory
+            row.cpu, row.memory, row.gemm = speed.cpu, speed.memory, speed.gemm
             row.present_ms = estimator.estimate_generation({"cpu": plan}, "cpu", speed).times.total_ms
     _score(row)
     return row
@@ -355,9 +356,10 @@ def summarize(rows: list[Row], present: bool = False) -> dict[str, Any]:
 def format_row(r: Row) -> str:
     error, iqr = error_cells(r.error, r.real_ms, r.real_iqr_ms)
     mark = "" if r.tier_ok in (True, None) else " *"
-    present = "-" if r.present_error is None else f"{100 * r.present_error:+.0f}% at {r.cpu:.2f}/{r.memory:.2f}"
+    present = "-" if r.present_error is None else (f"{100 * r.present_error:+.0f}% at "
+                                                        f"{r.cpu:.2f}/{r.memory:.2f}/{r.gemm:.2f}")
     line = (f"{r.model:26} {r.case:13} {ms(r.estimate_ms):>9} {ms(r.real_ms):>9} {iqr:>6} {error:>7}  "
-            f"{r.est_tier or '-':9} {r.real_tier or '-':9} {present:>18}{mark}")
+            f"{r.est_tier or '-':9} {r.real_tier or '-':9} {present:>23}{mark}")
     return line + (f"  [{r.problem}]" if r.problem else "")
 
 
@@ -381,7 +383,7 @@ def format_summary(rows: list[Row]) -> str:
 
 
 HEADER = (f"{'model':26} {'case':13} {'est ms':>9} {'real ms':>9} {'iqr %':>6} {'error':>7}  "
-          f"{'est tier':9} {'real tier':9} {'now: err at C/M':>18}")
+          f"{'est tier':9} {'real tier':9} {'now: err at C/M/G':>23}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,15 @@ from agent.simulation.load import Load, LoadProcess
 from bench import zoo
 from monitors.graphs.importer import load_graph
 from monitors.speed.present import Measurement, Speed, speed_from_state
-from probes.refresh import HANDOFF_KEY, LOCKSTEP_KEY, handoff_ms_per_mb, measure, memory_slowdown, slowdown
+from probes.refresh import (
+    HANDOFF_KEY,
+    LOCKSTEP_KEY,
+    gemm_slowdown,
+    handoff_ms_per_mb,
+    measure,
+    memory_slowdown,
+    slowdown,
+)
 from probes.state import Sampler
 
 DEFAULT_MODELS = ("squeezenet", "mobilenetv2-b1-224x224", "resnet18-b1-224x224", "bert-mini-b1-s128",
@@ -194,8 +202,9 @@ def main() -> int:
                     measured = slowdown(now, reference) if reference else None
                     handoff = handoff_ms_per_mb(now, reference) if reference else None
                     memory = memory_slowdown(now, reference) if reference else None
+                    gemm = gemm_slowdown(now, reference) if reference else None
                     speed = speed_from_state(state, threads, Measurement.taken_in(state, threads, measured, handoff,
-                                                                                  memory), current=True)
+                                                                                  memory, gemm), current=True)
 
                     def estimate(cpu: float, plan: Any = plan, speed: Speed = speed) -> float:
                         """The estimator's, at this cycle's Speed with this multiplier."""

@@ -72,6 +72,7 @@ class Member:
     memory_bytes: int = 0
     written_mb: float = 0.0
     stream_ms: float = 0.0  # what its CPU latency gains per unit of memory slowdown
+    gemm_ms: float = 0.0  # ... and per unit of gemm slowdown
 
 
 class Answer(NamedTuple):
@@ -94,8 +95,8 @@ class Change(NamedTuple):
 
 
 _MONITOR_ARRAYS = ("_meets", "_seq", "_last_change", "_events", "_ring", "_class")
-_MEMBER_ARRAYS = ("_of", "_pos", "_base", "_device", "_mem", "_written", "_stream", "_rate", "_deadline", "_corr",
-                  "_mmeets")
+_MEMBER_ARRAYS = ("_of", "_pos", "_base", "_device", "_mem", "_written", "_stream", "_gemm", "_rate", "_deadline",
+                  "_corr", "_mmeets")
 
 
 class MonitorTable:
@@ -116,6 +117,7 @@ class MonitorTable:
     _mem: npt.NDArray[np.float64]
     _written: npt.NDArray[np.float64]
     _stream: npt.NDArray[np.float64]
+    _gemm: npt.NDArray[np.float64]
     _rate: npt.NDArray[np.float64]
     _deadline: npt.NDArray[np.float64]
     _corr: npt.NDArray[np.float64]  # learnt log-correction of its latency (monitors/warm.py)
@@ -154,6 +156,7 @@ class MonitorTable:
             "_mem": np.zeros(capacity),
             "_written": np.zeros(capacity),
             "_stream": np.zeros(capacity),
+            "_gemm": np.zeros(capacity),
             "_rate": np.zeros(capacity),
             "_deadline": np.zeros(capacity),
             "_corr": np.zeros(capacity),
@@ -200,7 +203,7 @@ class MonitorTable:
             j = self._k + pos
             self._of[j], self._pos[j], self._base[j] = i, pos, m.base_ms
             self._device[j], self._mem[j], self._written[j] = DEVICE_INDEX[m.device], m.memory_bytes, m.written_mb
-            self._stream[j] = m.stream_ms
+            self._stream[j], self._gemm[j] = m.stream_ms, m.gemm_ms
             self._rate[j], self._deadline[j], self._corr[j] = m.rate_hz, m.deadline_ms, 0.0
             self._mmeets[j] = meets if member_meets is None else member_meets[pos]
         self._k += len(members)
@@ -275,12 +278,15 @@ class MonitorTable:
         i = self._index[monitor]
         return Answer(int(self._seq[i]), bool(self._meets[i]), tuple(self._mmeets[self._rows(i)].tolist()))
 
-    def set_base(self, monitor: str, bases: Sequence[float], streams: Sequence[float] | None = None) -> None:
-        """Its members' calibrated latencies (and stream_ms) again (a calibration was redone)."""
+    def set_base(self, monitor: str, bases: Sequence[float], streams: Sequence[float] | None = None,
+                 gemms: Sequence[float] | None = None) -> None:
+        """Its members' calibrated latencies (and stream_ms, gemm_ms) again (a calibration was redone)."""
         rows = self._rows(self._index[monitor])
         self._base[rows] = bases
         if streams is not None:
             self._stream[rows] = streams
+        if gemms is not None:
+            self._gemm[rows] = gemms
 
     def streams(self, share: float) -> bool:
         """Whether any CPU member's streamed time is at least `share` of its calibrated latency (a memory slowdown
@@ -323,7 +329,7 @@ class MonitorTable:
         for c in np.unique(member_class).tolist():
             at = member_class == c
             lat[at] = latencies_ms(self._base[:k][at], self._device[:k][at], memory[at], self._written[:k][at],
-                                   speeds[c], self._stream[:k][at])
+                                   speeds[c], self._stream[:k][at], self._gemm[:k][at])
         return lat * np.exp(self._corr[:k])
 
     def evaluate(self, now: float, speeds: Speed | Sequence[Speed], veto: bool = False) -> list[Change]:

@@ -44,7 +44,7 @@ class Taught:
 def present_ms(member: Member, speed: Speed) -> float:
     """A member's latency at `speed` before any learnt correction (inf where it does not fit in memory now)."""
     return fastest({member.device: member.base_ms}, speed, member.memory_bytes, member.written_mb,
-                   member.stream_ms)[0]
+                   member.stream_ms, member.gemm_ms)[0]
 
 
 def class_speeds(present: PresentSpeed, runs: Sequence[Run]) -> tuple[list[Speed], dict[str, int]]:

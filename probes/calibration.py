@@ -28,6 +28,9 @@ FORMAT_VERSION = 13  # 2: per-op tables for memory-bound kernels, cache size; 3:
 # The families calibrated over multi-dimensional grids of compute (FLOPs); the others are memory-bound,
 # one axis of bytes moved. monitors/pricing/kernels.py describes each family's grid coordinates.
 COMPUTE_FAMILIES: tuple[str, ...] = ("conv", "conv1x1", "dwconv", "gemm", "bmm", "nbits", "nbits_f", "qgemm", "gqa")
+# The families onnxruntime computes with its float matrix products: what the warm refresh's gemm probe follows
+# (probes/refresh.py), and what the gemm multiplier stretches (monitors/speed/present.py).
+FLOAT_PRODUCTS: tuple[str, ...] = ("gemm", "bmm")
 # Block-quantized weights (MatMulNBits), by how onnxruntime computes with them: `nbits` multiplies in int8
 # (accuracy_level 4: the activations quantized on the fly), `nbits_f` in float (levels 0 to 3).
 NBITS_FAMILIES: tuple[str, ...] = ("nbits", "nbits_f")

@@ -34,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 from probes import refresh
 from probes.calibration import (
     COMPUTE_FAMILIES,
+    FLOAT_PRODUCTS,
     FORMAT_VERSION,
     NBITS_BLOCK,
     NBITS_TAILS,
@@ -971,6 +972,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
     # calibration's where the pass's tables read 1.3-1.6x, and the agent priced models 28-29 % high at the median).
     refreshes: list[dict[str, float]] = []
     after: dict[str, int] = {}  # a quick calibration's compute family -> the refresh taken right after its grid
+    products: list[dict[str, float]] = []  # a full calibration's refreshes right after the float products' grids
     quantized: QuantizedReads | None = None
     floats: FloatReads | None = None
     attention: AttentionChains | None = None
@@ -987,6 +989,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
             if quick and device == "cpu" and grid.family in COMPUTE_FAMILIES:
                 after[grid.family] = len(refreshes)
                 refreshes.append(refresh.measure(stream=True))  # spread over the one pass (below)
+            if not quick and device == "cpu" and grid.family in FLOAT_PRODUCTS:
+                products.append(refresh.measure())
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             tails.append(nbits_tails(runs, rng))
@@ -1031,7 +1035,8 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         quick=quick,
         seconds=time.perf_counter() - started,
         created=time.time(),
-        refresh_reference=refresh.reference(refreshes, typical=quick),
+        refresh_reference=refresh.reference(refreshes, typical=quick, products=products or [
+            refreshes[after[f]] for f in FLOAT_PRODUCTS if f in after]),
         stream_bytes_per_s=memory.stream_bytes_per_s,
         cache_bytes=memory.cache_bytes,
         read_rates=memory.rates,

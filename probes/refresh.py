@@ -5,14 +5,18 @@
 and `handoff_ms_per_mb(measure(), reference)` what the host adds on top per
 MB of activations the intra-op threads hand each other, and
 `memory_slowdown(measure(stream=True), reference)` how much slower than
-calibrated memory streams, beyond that.
+calibrated memory streams, beyond that, and `gemm_slowdown(measure(), reference)` how much slower than calibrated
+float products run, beyond that too.
 
-Two probes, their runs alternating in one window: a compute probe (3x3
+Three probes, their runs alternating in one window: a compute probe (3x3
 convolutions, whose threads each keep to their part of the image) and a
 handoff probe (depthwise and pointwise convolutions over large activations,
 whose threads read what the other core wrote). A host whose vCPUs sit apart
 some of the time (docs/device-state.md) slows the second 2-3x and the first
-hardly at all; time slicing and lower clocks slow both alike. Where asked,
+hardly at all; time slicing and lower clocks slow both alike. And a gemm probe, one float product of 64 rows over
+1024x1024 weights, as a transformer's layers multiply: a shared host has spells of a minute or more in which such
+products run 1.3-1.4x slower while 3x3 convolutions run 1.1x slower (onnxruntime computes the two with different
+kernels); the ratio of its slowdown to the compute probe's is what a model's float products pay on top. Where asked,
 a third probe streams a buffer twice the last-level cache through a
 one-row MatMul, as a decode step reads its weights: a host whose memory is
 busier than at calibration slows it more than the compute probe, and that
@@ -79,6 +83,7 @@ MIN_RUNS = 3
 REFERENCE_RUNS = 3  # the reference keeps the fastest of this many refreshes (the quiet device), and of earlier ones
 LOCKSTEP_KEY = "lockstep_s"  # wall seconds per run of the compute probe, mean over the window
 HANDOFF_KEY = "handoff_s"  # wall seconds per run of the handoff probe, mean over the same window
+GEMM_KEY = "gemm_s"  # wall seconds per run of the gemm probe, mean over the same window
 STREAM_KEY = "stream_s"  # wall seconds per run of the stream probe, mean over the same window (where asked)
 THREADS_KEY = "threads"
 CORES_KEY = "cores"
@@ -92,6 +97,9 @@ LAYERS, CHANNELS, PIXELS = 4, 32, 56
 # a MobileNet's first blocks. onnxruntime splits a depthwise convolution and a pointwise one differently between
 # its threads, so each layer reads what the other core wrote: cheap in compute, heavy in cross-core traffic.
 HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS = 3, 32, 112
+# The gemm probe: x[GEMM_ROWS, GEMM_K] @ w[GEMM_K, GEMM_N], the weights an initializer (prepacked, as a model's):
+# about 0.7 ms a run on two cores of a 2026 server.
+GEMM_ROWS, GEMM_K, GEMM_N = 64, 1024, 1024
 # MB of activations the cost model's plan says the handoff probe writes per run (Plan.written_mb; a test
 # checks it), so that its extra time converts to the same ms per MB the estimator charges a model.
 HANDOFF_MB = 12.845
@@ -160,6 +168,24 @@ def handoff_graph() -> bytes:
     return _build_model(("depthwise", "pointwise") * HANDOFF_BLOCKS, HANDOFF_CHANNELS, HANDOFF_PIXELS)
 
 
+def gemm_graph() -> bytes:
+    """y = x[GEMM_ROWS, GEMM_K] @ w[GEMM_K, GEMM_N], the weights an initializer."""
+    from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415 - onnx only where the probes are built
+
+    weights = np.random.default_rng(0).standard_normal((GEMM_K, GEMM_N), dtype=np.float32) * 0.05
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm_probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [GEMM_ROWS, GEMM_K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [GEMM_ROWS, GEMM_N])],
+                              initializer=[numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model.SerializeToString()
+
+
+def gemm_inputs() -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(1).standard_normal((GEMM_ROWS, GEMM_K), dtype=np.float32)}
+
+
 def stream_graph(rows: int) -> bytes:
     """y = x[1, rows] @ w[rows, STREAM_WIDTH], the weights an input (no prepacked copy)."""
     from onnx import TensorProto, helper  # noqa: PLC0415 - onnx only where the probes are built
@@ -192,6 +218,10 @@ def compute_probe() -> tuple[bytes, dict[str, np.ndarray]]:
 
 def handoff_probe() -> tuple[bytes, dict[str, np.ndarray]]:
     return handoff_graph(), _image(HANDOFF_CHANNELS, HANDOFF_PIXELS)
+
+
+def gemm_probe() -> tuple[bytes, dict[str, np.ndarray]]:
+    return gemm_graph(), gemm_inputs()
 
 
 def stream_probe(cache_bytes: int) -> tuple[bytes, dict[str, np.ndarray]]:
@@ -261,7 +291,8 @@ class WarmRefresh:
         self._graphs = graphs or GraphCache()
         self._probes = [(self._graphs.load("compute", compute_graph, self._new_session), _image(CHANNELS, PIXELS)),
                         (self._graphs.load("handoff", handoff_graph, self._new_session),
-                         _image(HANDOFF_CHANNELS, HANDOFF_PIXELS))]
+                         _image(HANDOFF_CHANNELS, HANDOFF_PIXELS)),
+                        (self._graphs.load("gemm", gemm_graph, self._new_session), gemm_inputs())]
         self._stream: tuple[Any, dict[str, np.ndarray]] | None = None  # made on first use (stream_probe)
         self.last_cpu_s: float | None = None
         self.last_runs: int = 0
@@ -298,22 +329,27 @@ class WarmRefresh:
                     break
             self.last_cpu_s = time.process_time() - cpu_start
             self.last_runs = runs
-            out = {LOCKSTEP_KEY: walls[0] / runs, HANDOFF_KEY: walls[1] / runs, THREADS_KEY: float(self.threads),
-                   CORES_KEY: float(self.cores)}
+            out = {LOCKSTEP_KEY: walls[0] / runs, HANDOFF_KEY: walls[1] / runs, GEMM_KEY: walls[2] / runs,
+                   THREADS_KEY: float(self.threads), CORES_KEY: float(self.cores)}
             if stream:
-                out[STREAM_KEY] = walls[2] / runs
+                out[STREAM_KEY] = walls[3] / runs
             return out
 
-    def reference(self, earlier: Iterable[dict[str, float]] = (), typical: bool = False) -> dict[str, float]:
+    def reference(self, earlier: Iterable[dict[str, float]] = (), typical: bool = False,
+                  products: Iterable[dict[str, float]] = ()) -> dict[str, float]:
         """The quiet device: each probe's fastest of REFERENCE_RUNS refreshes now and of `earlier` ones
         (interference only ever adds time). `typical`: each probe's median instead, for tables measured once at
-        whatever speed the host ran through them (a quick calibration), of readings spread over that time."""
+        whatever speed the host ran through them (a quick calibration), of readings spread over that time.
+        `products`: refreshes taken right after the float products' grids, whose gemm probe alone then sets the
+        reference's (a spell can slow those products for a minute and leave the rest: the gemm probe must read the
+        state their tables were measured in, not the calibration's fastest moment)."""
         readings = [m for m in earlier if m.get(LOCKSTEP_KEY)]
         readings += [self.measure(stream=True) for _ in range(REFERENCE_RUNS)]
         pick = statistics.median if typical else min
         out = dict(min(readings, key=lambda m: m[LOCKSTEP_KEY]))
-        for key in (LOCKSTEP_KEY, HANDOFF_KEY, STREAM_KEY):
-            times = [m[key] for m in readings if m.get(key)]
+        after_products = [m for m in products if m.get(GEMM_KEY)]
+        for key in (LOCKSTEP_KEY, HANDOFF_KEY, GEMM_KEY, STREAM_KEY):
+            times = [m[key] for m in (after_products if key == GEMM_KEY and after_products else readings) if m.get(key)]
             if times:
                 out[key] = pick(times)
         return out
@@ -336,10 +372,12 @@ def measure(stream: bool = False) -> dict[str, float]:
     return _instance().measure(stream)
 
 
-def reference(earlier: Iterable[dict[str, float]] = (), typical: bool = False) -> dict[str, float]:
+def reference(earlier: Iterable[dict[str, float]] = (), typical: bool = False,
+              products: Iterable[dict[str, float]] = ()) -> dict[str, float]:
     """The reference measurement, taken right after cold calibration; `earlier`: refreshes taken during
-    it (probes/microbench.py), of which it keeps the fastest too (`typical`: the median of all)."""
-    return _instance().reference(earlier, typical)
+    it (probes/microbench.py), of which it keeps the fastest too (`typical`: the median of all); `products`: those
+    taken right after the float products' grids, which alone set the gemm probe's (WarmRefresh.reference)."""
+    return _instance().reference(earlier, typical, products)
 
 
 def slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:
@@ -384,6 +422,19 @@ def memory_slowdown(now: dict[str, float], reference: dict[str, float]) -> float
         return None
     value = a / b / ratio
     return min(MAX_MEMORY_SLOWDOWN, max(MIN_MEMORY_SLOWDOWN, value)) if math.isfinite(value) else None
+
+
+def gemm_slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:
+    """How much slower than calibrated float products run now, beyond the CPU's slowdown: the gemm probe's slowdown
+    over the compute probe's. A model's float products pay it on top of the CPU multiplier (monitors/speed/present.py).
+    None where either reading lacks the gemm probe (a reference from an older version of the refresh); unbounded (the
+    present speed bounds it)."""
+    ratio = slowdown(now, reference)
+    a, b = now.get(GEMM_KEY), reference.get(GEMM_KEY)
+    if ratio is None or not a or not b or a <= 0 or b <= 0:
+        return None
+    value = a / b / ratio
+    return value if math.isfinite(value) else None
 
 
 @contextlib.asynccontextmanager

@@ -76,7 +76,9 @@ async def test_the_pool_starts_workers_for_a_call_and_they_leave_after_the_idle_
         again = await pool.analyse("onnx", mlp([64, 128, 10], batch=1).SerializeToString(), {}, Limits())
         assert again == first, "a call after they left starts them again, and is answered the same"
         rebased = await pool.rebase([first.plans])
-        assert rebased[0] == (pytest.approx(first.base_ms), pytest.approx(first.stream_ms))
+        assert rebased[0] == (pytest.approx(first.base_ms), pytest.approx(first.stream_ms),
+                              pytest.approx(first.gemm_ms))
+        assert first.gemm_ms > 0, "an MLP's products are its time"
     finally:
         pool.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -55,17 +56,22 @@ def test_monitors_and_seq_round_trip(tmp_path: Path):
     assert [m.monitor for m in loaded] == ["b"]
 
 
-def test_a_workload_s_stream_time_round_trips_and_older_files_have_none():
-    streaming = StoredWorkload("", GOOD, "cpu", {"cpu": '{"kernels": []}'}, {"cpu": 40.0}, 10, stream_ms=31.5)
+def test_a_workload_s_stream_and_gemm_times_round_trip_and_older_files_have_none():
+    streaming = StoredWorkload("", GOOD, "cpu", {"cpu": '{"kernels": []}'}, {"cpu": 40.0}, 10, stream_ms=31.5,
+                               gemm_ms=6.0)
     again = StoredWorkload.from_json(json.loads(json.dumps(streaming.to_json())))
     assert again.stream_ms == 31.5 and again.member().stream_ms == 31.5
+    assert again.gemm_ms == 6.0 and again.member().gemm_ms == 6.0
     older = streaming.to_json()
-    del older["streamMs"]
-    assert StoredWorkload.from_json(older).stream_ms == 0.0
+    del older["streamMs"], older["gemmMs"]
+    assert StoredWorkload.from_json(older).stream_ms == StoredWorkload.from_json(older).gemm_ms == 0.0
     slow_memory = Speed(cpu=1.0, gpu=None, memory=2.0)
     assert again.present_ms(slow_memory) == pytest.approx(40.0 + 31.5)
+    assert again.present_ms(Speed(cpu=1.0, gpu=None, gemm=1.5)) == pytest.approx(40.0 + 3.0)
     with pytest.raises(ValueError, match="stream"):
         StoredWorkload.from_json(streaming.to_json() | {"streamMs": -1.0})
+    with pytest.raises(ValueError, match="gemm"):
+        StoredWorkload.from_json(streaming.to_json() | {"gemmMs": math.inf})
 
 
 def test_a_monitor_file_newer_than_the_seq_file_wins(tmp_path: Path):

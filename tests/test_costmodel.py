@@ -211,6 +211,20 @@ def test_a_memory_slowdown_stretches_only_the_time_a_plan_streams():
     assert cm.stream_seconds(held) == 0.0 and cm.seconds(held, memory=3.0) == cm.seconds(held)
 
 
+def test_a_gemm_slowdown_stretches_the_float_products_where_they_compute_and_not_where_they_wait_on_memory():
+    table = _gemm_table()
+    cm = CostModel(Calibration(fingerprint={"device": "cpu"}, tables={"gemm": table, "Transpose": _memory_table()},
+                               per_kernel_s=1e-6, per_run_s=5e-6, stream_bytes_per_s=5e9, cache_bytes=32 * 2 ** 20))
+    held = _gemv_plan(1024)  # in the cache: its products' time is the table's
+    products = sum(cm.kernel_seconds(k) for k in held.kernels)
+    assert cm.gemm_seconds(held) == pytest.approx(products)
+    assert cm.seconds(held, gemm=1.3) == pytest.approx(cm.seconds(held) + 0.3 * products)
+    streamed = _gemv_plan(4096)  # its weights read from memory: the reads, not the products, set its time
+    assert cm.gemm_seconds(streamed) == 0.0 and cm.seconds(streamed, gemm=1.3) == cm.seconds(streamed)
+    others = Plan(kernels=(Kernel("movement", (1e6,), 1e6, "Transpose"),))
+    assert cm.gemm_seconds(others) == 0.0
+
+
 def test_activations_beyond_half_the_cache_stream_from_memory_their_writes_read_first():
     """A kernel's activations that do not fit beside the rest of a model stream from memory, where a table measured
     with them cached prices them too fast; a write reads its line first (WRITE_COST), but a copy's does not."""

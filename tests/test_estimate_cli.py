@@ -65,7 +65,9 @@ def test_estimate_now_charges_a_model_that_streams_its_weights_the_memory_multip
     plan = estimator.plan(load_graph(str(path)), "cpu")
     stream = estimator.stream_ms(plan)
     assert stream > 0.5 * at_rest["latency_ms"]  # nearly all of a one-row product over weights beyond the cache
-    expected = (at_rest["latency_ms"] + stream * (now["memory"] - 1.0)) * now["slowdown"] \
+    gemm = estimator.gemm_ms(plan)
+    assert gemm < 0.1 * stream  # it waits on its reads, not on its computing
+    expected = (at_rest["latency_ms"] + stream * (now["memory"] - 1.0) + gemm * (now["gemm"] - 1.0)) * now["slowdown"] \
         + plan.written_mb * now["handoff_ms_per_mb"]
     assert now["latency_ms"] == pytest.approx(expected, rel=2e-3, abs=2e-3)
 

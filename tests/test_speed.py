@@ -35,19 +35,23 @@ from monitors.speed.prediction import (
     predict_accelerator,
 )
 from monitors.speed.present import (
+    GEMM_NOISE,
+    MAX_GEMM,
     MAX_HANDOFF_MS_PER_MB,
     MAX_MEMORY,
     MEMORY_NOISE,
+    MIN_GEMM,
     MIN_MEMORY,
     Measurement,
     Speed,
     blend,
     combine,
     fastest,
+    gemm_multiplier,
     memory_multiplier,
     speed_from_state,
 )
-from probes.refresh import handoff_probe
+from probes.refresh import gemm_probe, handoff_probe
 from probes.state import Sampler
 
 
@@ -338,6 +342,44 @@ def test_memory_multiplier_is_bounded_and_a_steady_host_s_noise_moves_nothing():
     assert memory_multiplier(1e9) == MAX_MEMORY / MEMORY_NOISE and memory_multiplier(0.0) == MIN_MEMORY * MEMORY_NOISE
     # continuous at the band's edges
     assert memory_multiplier(MEMORY_NOISE * 1.0001) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_vm_fixture_tree_gemm_multiplier_is_the_gemm_probe_s_and_stretches_only_the_float_products(tmp_path):
+    state = sampled(vm(tmp_path))
+    assert speed_from_state(state, 2, m(1.0), current=True).gemm == 1.0  # none read
+    slow = speed_from_state(state, 2, Measurement(1.0, None, gemm=1.3), current=True)
+    assert slow.gemm == pytest.approx(1.3 / GEMM_NOISE, rel=1e-3)
+    assert any("float products run 1.18x slower" in r for r in slow.reasons)
+    # calibrated in a spell, read out of it: below 1
+    assert speed_from_state(state, 2, Measurement(1.0, None, gemm=0.8)).gemm == pytest.approx(0.8 * GEMM_NOISE)
+    # a transformer of 30 ms whose products take 24 of them, and a convolution net of 30 ms with none
+    speed = Speed(cpu=1.1, gpu=None, gemm=1.25)
+    assert fastest({"cpu": 30.0}, speed, gemm_ms=24.0)[0] == pytest.approx(1.1 * (30.0 + 0.25 * 24.0))
+    assert fastest({"cpu": 30.0}, speed)[0] == pytest.approx(33.0)
+    assert fastest({"gpu": 30.0}, dataclasses.replace(speed, gpu=1.0), gemm_ms=24.0)[0] == 30.0  # the CPU's
+
+
+def test_gemm_multiplier_is_bounded_and_a_steady_host_s_noise_moves_nothing():
+    assert gemm_multiplier(None) == gemm_multiplier(math.nan) == 1.0
+    for steady in (1.0, 1.03, 1 / 1.03, GEMM_NOISE, 1 / GEMM_NOISE):
+        assert gemm_multiplier(steady) == pytest.approx(1.0)
+    assert gemm_multiplier(1e9) == MAX_GEMM / GEMM_NOISE and gemm_multiplier(0.0) == MIN_GEMM * GEMM_NOISE
+
+
+def test_estimate_stretches_a_plan_s_float_products_by_the_gemm_multiplier_and_nothing_else(estimator):
+    product = estimator.plan(load_graph(gemm_probe()[0], fmt="onnx"), "cpu")
+    convolutions = estimator.plan(load_graph(handoff_probe()[0], fmt="onnx"), "cpu")
+    cal = estimator.calibrations["cpu"]
+    overhead_ms = 1000.0 * (cal.per_run_s + cal.per_kernel_s)
+    at_rest = estimator.estimate(product, device="cpu").latency_ms
+    assert estimator.gemm_ms(product) == pytest.approx(at_rest - overhead_ms, rel=1e-6)  # the product computes
+    assert estimator.gemm_ms(convolutions) == 0.0
+    assert estimator.gemm_ms(product, device="gpu") == 0.0
+    spell = Speed(cpu=1.0, gpu=None, gemm=1.3)
+    assert estimator.estimate(product, device="cpu", speed=spell).latency_ms == pytest.approx(
+        at_rest + 0.3 * (at_rest - overhead_ms), rel=1e-6)
+    assert estimator.estimate(convolutions, device="cpu", speed=spell).latency_ms == pytest.approx(
+        estimator.estimate(convolutions, device="cpu").latency_ms)
 
 
 def test_estimate_adds_the_handoff_extra_for_the_bytes_the_cpu_plan_writes(estimator):

@@ -83,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
             if est.device == "cpu":
                 out["handoff_ms_per_mb"] = speed.handoff_ms_per_mb
                 out["memory"] = speed.memory
+                out["gemm"] = speed.gemm
         print(json.dumps(out))
     else:
         shown = "does not fit on this device now" if latency is None else f"{latency:.2f} ms"
@@ -146,6 +147,7 @@ def _run_generation(args: argparse.Namespace) -> int:
             out["slowdown"] = round(speed.cpu if est.device == "cpu" else (speed.gpu or 1.0), 3)
             if est.device == "cpu":
                 out["memory"] = speed.memory
+                out["gemm"] = speed.gemm
         print(json.dumps(out))
     elif not t.feasible:
         print(f"{t.tier}  (does not run on {est.device} now: {est.why_not or 'the device is unavailable'})")
@@ -202,14 +204,15 @@ def _sample(sysfs_root: str, procfs_root: str) -> DeviceState:
 def _present_speed(state: DeviceState, reference: dict[str, float]) -> Speed:
     """The device's present speed: its state, then one warm refresh against the calibration's reference, as the
     agent measures (none without a reference: the prediction alone); the stream probe too where the reference has
-    it, so that a model that streams its weights pays a neighbour's use of memory bandwidth."""
+    it, so that a model that streams its weights pays a neighbour's use of memory bandwidth, and the gemm probe, so
+    that a model's float products pay a spell in which the host runs them slower."""
     threads = refresh.default_threads()
     if not reference:
         return speed_from_state(state, threads)
     now = refresh.measure(stream=refresh.STREAM_KEY in reference)
     measurement = Measurement.taken_in(state, threads, refresh.slowdown(now, reference),
                                        refresh.handoff_ms_per_mb(now, reference),
-                                       refresh.memory_slowdown(now, reference))
+                                       refresh.memory_slowdown(now, reference), refresh.gemm_slowdown(now, reference))
     return speed_from_state(state, threads, measurement, current=True)
 
 

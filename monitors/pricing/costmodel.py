@@ -24,6 +24,7 @@ import numpy as np
 from monitors.pricing.kernels import Kernel, Plan
 from probes.calibration import (
     COMPUTE_FAMILIES,
+    FLOAT_PRODUCTS,
     NBITS_BLOCK,
     NBITS_FAMILIES,
     NBITS_TAIL_PERIOD,
@@ -127,6 +128,7 @@ def _monotone(points: tuple[tuple[tuple[float, ...], float], ...]) -> list[tuple
 
 MAX_SHARE = 1.5  # read_share's bound: a kernel reads beyond the cache at most this much faster than the sweep
 STREAM_SECANT = 2.0  # stream_seconds: the memory slowdown its secant reaches (a bandwidth hog read 1.3-2x here)
+GEMM_SECANT = 1.4  # gemm_seconds: the gemm slowdown its secant reaches (a spell read 1.3-1.4x)
 WELL_TIMED_S = 20e-6  # kernels at least this long are timed well enough to bound the others
 # A kernel whose activations, read and written, take more than this share of the last-level cache streams them from
 # memory in a model (the rest of the cache holds the weights and the tensors that live on), where calibration's
@@ -290,15 +292,15 @@ class CostModel:
         return min(MAX_SHARE, max(1.0, as_float / measured)), 0.0  # hidden wholly; faster than float ones where
         # the chain took less than its bytes at the float rate
 
-    def seconds(self, plan: Plan, memory: float = 1.0) -> float:
+    def seconds(self, plan: Plan, memory: float = 1.0, gemm: float = 1.0) -> float:
         """The plan's latency on the calibrated device, with memory streaming `memory` times slower than
-        calibrated (a neighbour that takes bandwidth)."""
+        calibrated (a neighbour that takes bandwidth) and float products computing `gemm` times slower."""
         cal = self.calibration
-        return cal.per_run_s + cal.per_kernel_s * len(plan.kernels) + sum(self.plan_kernel_seconds(plan, memory))
+        return cal.per_run_s + cal.per_kernel_s * len(plan.kernels) + sum(self.plan_kernel_seconds(plan, memory, gemm))
 
-    def plan_kernel_seconds(self, plan: Plan, memory: float = 1.0) -> list[float]:
+    def plan_kernel_seconds(self, plan: Plan, memory: float = 1.0, gemm: float = 1.0) -> list[float]:
         """Each kernel's time within `plan` (dispatch apart): its table's, or its weights' and its activations'
-        streaming where those do not fit in the cache (`memory` as in `seconds`)."""
+        streaming where those do not fit in the cache (`memory` and `gemm` as in `seconds`)."""
         # Weights stay cached from one inference to the next only if they and the activations that
         # stream past them (the live ones, written and read again) fit in the last-level cache.
         footprint = plan.weight_bytes + 2 * plan.peak_activation_bytes
@@ -306,7 +308,7 @@ class CostModel:
         kv_memory = memory * self.cache_read_slowdown(footprint) if rate else memory  # a decode step's KV cache
         times = []
         for k in plan.kernels:
-            t = self.kernel_seconds(k)
+            t = self.kernel_seconds(k) * (gemm if k.family in FLOAT_PRODUCTS else 1.0)
             if rate and k.family == "gqa":
                 # a decode step's as the chains of attentions measured it, its cache read at its working set's rate;
                 # a prefill's cache goes to memory on top of the attention's own work, measured in the cache
@@ -364,6 +366,11 @@ class CostModel:
         STREAM_SECANT times slower (exact for a kernel that only streams; one that computes as long as it reads
         gains less at first). 0 for a plan whose weights stay in the cache."""
         return (self.seconds(plan, STREAM_SECANT) - self.seconds(plan)) / (STREAM_SECANT - 1.0)
+
+    def gemm_seconds(self, plan: Plan) -> float:
+        """What the plan's latency gains per unit of gemm slowdown: the secant to float products GEMM_SECANT times
+        slower than calibrated (their time where they compute; less where they wait on their weights' reads)."""
+        return (self.seconds(plan, gemm=GEMM_SECANT) - self.seconds(plan)) / (GEMM_SECANT - 1.0)
 
     def _unhidden(self, t: float, k: Kernel) -> float:
         """The share of a kernel's weight reads from memory that its computing does not hide.

@@ -74,14 +74,23 @@ class Estimator:
         return 1000.0 * model.seconds(plan)
 
     def stream_ms(self, plan: Plan | GenerationPlan, device: str = "cpu") -> float:
-        """What the latency at rest gains per unit of memory slowdown (CostModel.stream_seconds; of a whole
-        generation for a GenerationPlan); 0 on the GPU, whose memory no probe reads."""
+        """What the latency at rest gains per unit of memory slowdown (CostModel.stream_seconds)."""
+        return self._per_unit_ms(plan, device, CostModel.stream_seconds)
+
+    def gemm_ms(self, plan: Plan | GenerationPlan, device: str = "cpu") -> float:
+        """What the latency at rest gains per unit of gemm slowdown (CostModel.gemm_seconds)."""
+        return self._per_unit_ms(plan, device, CostModel.gemm_seconds)
+
+    def _per_unit_ms(self, plan: Plan | GenerationPlan, device: str,
+                     seconds: Callable[[CostModel, Plan], float]) -> float:
+        """A CostModel secant in ms, of a whole generation for a GenerationPlan; 0 on the GPU, whose memory and
+        products no probe reads."""
         if device != "cpu":
             return 0.0
         model = self._model(device)
         if isinstance(plan, GenerationPlan):
-            return generation_times(plan, lambda p: 1000.0 * model.stream_seconds(p)).total_ms
-        return 1000.0 * model.stream_seconds(plan)
+            return generation_times(plan, lambda p: 1000.0 * seconds(model, p)).total_ms
+        return 1000.0 * seconds(model, plan)
 
     def estimate(self, graph: Graph | Plan, device: str = "auto", speed: Speed = AT_REST) -> Estimate:
         """The estimate at `speed` (the device's present speed; at rest by default), priced as the agent
@@ -91,8 +100,9 @@ class Estimator:
         for dev in candidates:
             plan = graph if isinstance(graph, Plan) else self.plan(graph, dev)
             stream = self.stream_ms(plan, dev) if speed.memory != 1.0 else 0.0  # it moves nothing at 1
+            gemm = self.gemm_ms(plan, dev) if speed.gemm != 1.0 else 0.0
             latency, _ = fastest({dev: self.base_latency_ms(plan, dev)}, speed, plan.memory_bytes, plan.written_mb,
-                                 stream)
+                                 stream, gemm)
             est = Estimate(latency, tier_for(latency), dev, len(plan.kernels))
             if best is None or est.latency_ms < best.latency_ms:
                 best = est
@@ -139,5 +149,6 @@ def _present_ms(device: str, model: CostModel, speed: Speed) -> Callable[[Plan],
     """A plan's present latency on `device` (its own closure, not the caller's loop variables)."""
     def price(p: Plan) -> float:
         stream = 1000.0 * model.stream_seconds(p) if device == "cpu" and speed.memory != 1.0 else 0.0
-        return fastest({device: 1000.0 * model.seconds(p)}, speed, 0, p.written_mb, stream)[0]
+        gemm = 1000.0 * model.gemm_seconds(p) if device == "cpu" and speed.gemm != 1.0 else 0.0
+        return fastest({device: 1000.0 * model.seconds(p)}, speed, 0, p.written_mb, stream, gemm)[0]
     return price

@@ -33,6 +33,12 @@ refresh's stream probe against its compute probe (probes/refresh.py, memory_slow
 model streams and, as the handoff extra, only without contention: what it follows is the host's memory, whose
 bandwidth moves with the neighbours of a shared host for minutes at a time.
 
+And the gemm multiplier: how much slower than calibrated float products run beyond the CPU's slowdown. A shared
+host has spells of a minute or more in which they run 1.3-1.4x slower and convolutions 1.1x (docs/device-state.md).
+Only a model's float products pay it (`gemm_ms`: their calibrated time, most of a transformer's, little of a
+CNN's); it is the latest refresh's gemm probe against its compute probe (probes/refresh.py, gemm_slowdown), read
+as the memory multiplier is, without contention.
+
 The agent's own work is never load from others: the CPU probe leaves out the agent's process tree, and
 a state sampled while the agent's own heavy work ran (a calibration) is marked: `PresentSpeed` keeps the
 speed it had before and takes no measurement from it, so it moves no monitor.
@@ -78,6 +84,14 @@ MIN_MEMORY, MAX_MEMORY = 0.5, 8.0
 # ... and shrunk toward 1 by this factor: on a steady host the stream probe read 0.84-1.10x its reference from one
 # refresh to the next, where the host's bandwidth moved by 1.3x over minutes (a calibration's sweep: 42, then 56 GB/s).
 MEMORY_NOISE = 1.12
+# The gemm multiplier: worth a reason from this much; bounded by what a spell does (a 2-core AMD EPYC VM ran its float
+# products 1.3-1.4x slower in them), below 1 too, as the memory multiplier (a calibration taken in a spell would price
+# every transformer high for as long as the host runs faster); and shrunk toward 1 by GEMM_NOISE: on that VM the gemm
+# probe over the compute probe read 0.93-1.16x its median from one reading to the next between spells (one reading in
+# 62 read 1.6x), and 1.19x at the median in them.
+NOTABLE_GEMM = 1.1
+MIN_GEMM, MAX_GEMM = 1 / 1.4, 1.4
+GEMM_NOISE = 1.1
 FAILED_REFRESH_CPU_S = 0.05  # what a failed or discarded refresh is charged against the policy's budget
 
 
@@ -95,6 +109,7 @@ class Speed:
     handoff_ms_per_mb: float = 0.0  # added to a CPU latency per MB its plan writes (Plan.written_mb)
     memory: float = 1.0  # how much slower memory streams than calibrated, beyond `cpu` (a model's stream_ms pays it;
     # below 1 where the host streams faster than in its calibration)
+    gemm: float = 1.0  # how much slower float products run than calibrated, beyond `cpu` (a model's gemm_ms pays it)
 
     def factors(self) -> np.ndarray:
         """The multiplier by device (DEVICES order); inf where the device is absent."""
@@ -107,6 +122,10 @@ class Speed:
     def memories(self) -> np.ndarray:
         """The memory multiplier by device (the GPU's: none measured)."""
         return np.array([self.memory, 1.0])
+
+    def gemms(self) -> np.ndarray:
+        """The gemm multiplier by device (the GPU's: none measured)."""
+        return np.array([self.gemm, 1.0])
 
     def holding(self, cpu_bytes: int, gpu_bytes: int) -> Speed:
         """This speed for an app that holds these bytes itself (its model's weights and caches, while it runs it):
@@ -127,16 +146,16 @@ AT_REST = Speed(gpu=1.0)  # the calibrated devices, quiet (`estimate --at-rest`,
 # -- the one latency formula --------------------------------------------------------------------------------------
 
 def latencies_ms(base_ms: np.ndarray, device: np.ndarray, memory_bytes: np.ndarray, written_mb: np.ndarray,
-                 speed: Speed, stream_ms: np.ndarray | float = 0.0) -> np.ndarray:
+                 speed: Speed, stream_ms: np.ndarray | float = 0.0, gemm_ms: np.ndarray | float = 0.0) -> np.ndarray:
     """The present latency of each model: its calibrated latency on its device, its streamed time
     (`stream_ms`, the calibrated latency's gain per unit of memory slowdown) stretched by the device's memory
-    multiplier, all times the device's multiplier, plus the MB its plan writes times the device's handoff
-    extra; infinite where its weights and activations do not fit in the device's free memory (it cannot
-    run there now).
+    multiplier and its float products' time (`gemm_ms`) by the device's gemm multiplier, all times the
+    device's multiplier, plus the MB its plan writes times the device's handoff extra; infinite where its
+    weights and activations do not fit in the device's free memory (it cannot run there now).
 
     `device` holds DEVICE_INDEX values; the arrays are parallel.
     """
-    own = base_ms + stream_ms * (speed.memories()[device] - 1.0)
+    own = base_ms + stream_ms * (speed.memories()[device] - 1.0) + gemm_ms * (speed.gemms()[device] - 1.0)
     lat = own * speed.factors()[device] + written_mb * speed.handoffs()[device]
     return np.where(memory_bytes > speed.free_bytes()[device], math.inf, lat)
 
@@ -152,17 +171,17 @@ def memory_shortfall(need_bytes: float, speed: Speed, device: str) -> str | None
 
 
 def fastest(base_ms: Mapping[str, float], speed: Speed, memory_bytes: int = 0,
-            written_mb: float = 0.0, stream_ms: float = 0.0) -> tuple[float, str]:
+            written_mb: float = 0.0, stream_ms: float = 0.0, gemm_ms: float = 0.0) -> tuple[float, str]:
     """The fastest device's present latency for one model (calibrated latency by device), and that device.
-    The CPU where nothing is finite: it is where an app would try. `written_mb` and `stream_ms` are the CPU
-    plan's."""
+    The CPU where nothing is finite: it is where an app would try. `written_mb`, `stream_ms` and `gemm_ms` are
+    the CPU plan's."""
     devices = [d for d in DEVICES if d in base_ms]
     if not devices:
         raise ValueError("no calibrated latency to price")
     n = len(devices)
     lat = latencies_ms(np.array([base_ms[d] for d in devices], dtype=np.float64),
                        np.array([DEVICE_INDEX[d] for d in devices]), np.full(n, float(memory_bytes)),
-                       np.full(n, float(written_mb)), speed, float(stream_ms))
+                       np.full(n, float(written_mb)), speed, float(stream_ms), float(gemm_ms))
     best = int(np.argmin(lat))
     if not math.isfinite(lat[best]) and "cpu" in devices:
         return math.inf, "cpu"
@@ -180,17 +199,20 @@ class Measurement:
     predicted: float = 1.0  # the predicted CPU slowdown then
     contention: float = 1.0  # ... and its share from time slicing then
     memory: float | None = None  # probes.refresh.memory_slowdown (None: not read)
+    gemm: float | None = None  # probes.refresh.gemm_slowdown (None: not read)
 
     @classmethod
     def taken_in(cls, state: DeviceState, threads: int, slowdown: float | None,
-                 handoff_ms_per_mb: float | None, memory: float | None = None) -> Measurement:
-        """The reading in `state`; its handoff and memory figures only where nothing contends for the cores (None
+                 handoff_ms_per_mb: float | None, memory: float | None = None,
+                 gemm: float | None = None) -> Measurement:
+        """The reading in `state`; its handoff, memory and gemm figures only where nothing contends for the cores (None
         beside others' threads: there they are the scheduler's, not the host's; beside one busy process on a 2-core
         VM the stream probe read 0.5-0.8x against the compute probe, and an app's decode step slowed 2.1x where its
         convolution nets slowed 3.9x)."""
         p = predict_cpu(state, threads)
         quiet = p.contention <= HANDOFF_QUIET_CONTENTION
-        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention, memory if quiet else None)
+        return cls(slowdown, handoff_ms_per_mb if quiet else None, p.factor, p.contention, memory if quiet else None,
+                   gemm if quiet else None)
 
 
 def carried_correction(ratio: float, predicted: float, predicted_then: float) -> float:
@@ -239,15 +261,25 @@ def combine(predicted: float, contention: float, m: Measurement | None, current:
     return max(predicted, predicted * carried_correction(correction, predicted, m.predicted))
 
 
-def memory_multiplier(reading: float | None) -> float:
-    """The memory multiplier from the stream probe's reading (probes.refresh.memory_slowdown; None: none read):
-    bounded, and shrunk toward 1 by MEMORY_NOISE, so that a steady host's refresh-to-refresh noise moves nothing."""
+def shrunk(reading: float | None, low: float, high: float, noise: float) -> float:
+    """A multiplier from a probe's reading (None: none read): bounded to `low`..`high`, and shrunk toward 1 by
+    `noise`, so that a steady host's refresh-to-refresh noise moves nothing."""
     if reading is None or not math.isfinite(reading):
         return 1.0
-    memory = min(MAX_MEMORY, max(MIN_MEMORY, reading))
-    if memory > MEMORY_NOISE:
-        return memory / MEMORY_NOISE
-    return memory * MEMORY_NOISE if memory < 1 / MEMORY_NOISE else 1.0
+    value = min(high, max(low, reading))
+    if value > noise:
+        return value / noise
+    return value * noise if value < 1 / noise else 1.0
+
+
+def memory_multiplier(reading: float | None) -> float:
+    """The memory multiplier from the stream probe's reading (probes.refresh.memory_slowdown)."""
+    return shrunk(reading, MIN_MEMORY, MAX_MEMORY, MEMORY_NOISE)
+
+
+def gemm_multiplier(reading: float | None) -> float:
+    """The gemm multiplier from the gemm probe's reading (probes.refresh.gemm_slowdown)."""
+    return shrunk(reading, MIN_GEMM, MAX_GEMM, GEMM_NOISE)
 
 
 def speed_from_state(state: DeviceState, threads: int, measurement: Measurement | None = None,
@@ -277,6 +309,9 @@ def cpu_speed(p: CpuPrediction, measurement: Measurement | None, current: bool) 
     memory = memory_multiplier(None if measurement is None else measurement.memory)
     if memory >= NOTABLE_MEMORY:
         reasons.append(f"memory streams {memory:.2f}x slower than calibrated")
+    gemm = gemm_multiplier(None if measurement is None else measurement.gemm)
+    if gemm >= NOTABLE_GEMM:
+        reasons.append(f"float products run {gemm:.2f}x slower than calibrated")
     return Speed(
         cpu=round(min(MAX_FACTOR, max(MIN_FACTOR, cpu)), 4),
         reasons=tuple(reasons),
@@ -284,6 +319,7 @@ def cpu_speed(p: CpuPrediction, measurement: Measurement | None, current: bool) 
         measured_cpu=measured,
         handoff_ms_per_mb=round(handoff, 5),
         memory=round(memory, 4),
+        gemm=round(gemm, 4),
     )
 
 
@@ -414,9 +450,9 @@ class PresentSpeed:
         return True
 
     def refreshed(self, slowdown: float | None, handoff_ms_per_mb: float | None, started_at: float,
-                  cpu_s: float, memory: float | None = None) -> None:
+                  cpu_s: float, memory: float | None = None, gemm: float | None = None) -> None:
         """A refresh's reading; taken with the next observed state."""
-        self._reading = _Reading(slowdown, handoff_ms_per_mb, memory, started_at, cpu_s)
+        self._reading = _Reading(slowdown, handoff_ms_per_mb, memory, gemm, started_at, cpu_s)
 
     def refresh_failed(self, started_at: float) -> None:
         """A refresh that failed or overlapped the agent's own work: nothing measured, the budget charged."""
@@ -437,13 +473,15 @@ class PresentSpeed:
         assert self.policy is not None
         self.policy.refreshed(state, reading.at, reading.cpu_s)
         self._refreshing = False
-        m = Measurement.taken_in(state, self.threads, reading.slowdown, reading.handoff, reading.memory)
+        m = Measurement.taken_in(state, self.threads, reading.slowdown, reading.handoff, reading.memory, reading.gemm)
         last = self.measurement
         if last is not None:  # a figure not read this time: the last one stands
             if m.handoff_ms_per_mb is None:
                 m = replace(m, handoff_ms_per_mb=last.handoff_ms_per_mb)
             if m.memory is None:
                 m = replace(m, memory=last.memory)
+            if m.gemm is None:
+                m = replace(m, gemm=last.gemm)
         self.measurement = m
 
 
@@ -451,5 +489,6 @@ class _Reading(NamedTuple):
     slowdown: float | None
     handoff: float | None
     memory: float | None
+    gemm: float | None
     at: float  # monotonic, when the refresh started
     cpu_s: float
