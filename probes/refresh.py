@@ -3,21 +3,20 @@
 `reference()` right after cold calibration is the quiet device; later,
 `slowdown(measure(), reference)` is how much slower one inference runs now,
 and `handoff_ms_per_mb(measure(), reference)` what the host adds on top per
-MB of activations the intra-op threads hand each other, and
-`memory_slowdown(measure(stream=True), reference)` how much slower than
-calibrated memory streams, beyond that, and `gemm_slowdown(measure(), reference)` how much slower than calibrated
-float products run, beyond that too.
+MB of activations the intra-op threads hand each other,
+`gemm_slowdown(measure(), reference)` how much slower than calibrated float products run beyond that slowdown, and
+`memory_slowdown(measure(stream=True), reference)` how much slower than calibrated memory streams, beyond it too.
 
 Three probes, their runs alternating in one window: a compute probe (3x3
 convolutions, whose threads each keep to their part of the image) and a
 handoff probe (depthwise and pointwise convolutions over large activations,
 whose threads read what the other core wrote). A host whose vCPUs sit apart
 some of the time (docs/device-state.md) slows the second 2-3x and the first
-hardly at all; time slicing and lower clocks slow both alike. And a gemm probe, one float product of 64 rows over
-1024x1024 weights, as a transformer's layers multiply: a shared host has spells of a minute or more in which such
-products run 1.3-1.4x slower while 3x3 convolutions run 1.1x slower (onnxruntime computes the two with different
+hardly at all; time slicing and lower clocks slow both alike. The third, a gemm probe, is one float product of 64
+rows over 1024x1024 weights, as a transformer's layers multiply: a shared host has spells of a minute or more in which
+such products run 1.3-1.4x slower while 3x3 convolutions run 1.1x slower (onnxruntime computes the two with different
 kernels); the ratio of its slowdown to the compute probe's is what a model's float products pay on top. Where asked,
-a third probe streams a buffer twice the last-level cache through a
+a fourth probe streams a buffer twice the last-level cache through a
 one-row MatMul, as a decode step reads its weights: a host whose memory is
 busier than at calibration slows it more than the compute probe, and that
 ratio is what a model's streamed bytes pay on top of the CPU's slowdown. It is asked
