@@ -990,7 +990,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
                 after[grid.family] = len(refreshes)
                 refreshes.append(refresh.measure(stream=True))  # spread over the one pass (below)
             if not quick and device == "cpu" and grid.family in FLOAT_PRODUCTS:
-                products.append(refresh.measure())
+                products.append(_settled(refresh.measure))  # the state the products' tables were read in
         chains.append(chain_times(providers, rng, reps=100))
         if device == "cpu":
             tails.append(nbits_tails(runs, rng))
@@ -1035,8 +1035,7 @@ def calibrate(quick: bool = False, device: str = "cpu", progress: Progress | Non
         quick=quick,
         seconds=time.perf_counter() - started,
         created=time.time(),
-        refresh_reference=refresh.reference(refreshes, typical=quick, products=products or [
-            refreshes[after[f]] for f in FLOAT_PRODUCTS if f in after]),
+        refresh_reference=refresh.reference(refreshes, typical=quick, products=products),
         stream_bytes_per_s=memory.stream_bytes_per_s,
         cache_bytes=memory.cache_bytes,
         read_rates=memory.rates,

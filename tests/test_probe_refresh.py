@@ -229,9 +229,7 @@ def test_a_real_quick_calibration_spreads_the_probe_over_its_pass_and_keeps_the_
     median = statistics.median(seconds for seconds, _ in given[1:])  # the slow phase's refresh replaced
     assert cal.refresh_reference[LOCKSTEP_KEY] == pytest.approx(median)
     assert cal.refresh_reference[STREAM_KEY] == pytest.approx(2 * median)
-    # the gemm probe's: the median of those right after the float products' grids, the state their tables saw
-    after_products = [given[compute.index(f)][0] for f in ("gemm", "bmm")]
-    assert cal.refresh_reference[GEMM_KEY] == pytest.approx(0.7 * statistics.median(after_products))
+    assert cal.refresh_reference[GEMM_KEY] == pytest.approx(0.7 * median)
 
 
 def test_a_quick_calibration_measures_again_only_what_a_slow_phase_that_has_passed_slowed():
@@ -269,6 +267,7 @@ def test_a_typical_reference_is_each_probe_s_median():
 
 
 @pytest.mark.host  # its quiet reference is timed on the real CPU: beside the parallel tests it read 1.24x, not 1.5
+@pytest.mark.host  # its quiet reference needs the cores: beside another test's calibration both references read 2.2x
 def test_real_busy_processes_slow_the_probe_down():
     """Eight times as many real busy processes as cores: each probe thread gets about a ninth of a core, and waits
     for the other (the scheduler favours threads that wake, so the slowdown read is far less than the share says).
@@ -286,8 +285,8 @@ def test_real_busy_processes_slow_the_probe_down():
             p.kill()
         for p in procs:
             p.wait()
-    # the quiet device: the faster of a reference before the load and one after it (another test's work beside this
-    # one can fall on either: a reference read 3.5 ms where the next read 1.45)
+    # the quiet device: the faster of a reference before the load and one after it (a process of the host's can fall
+    # on either: a reference read 3.5 ms where the next read 1.45)
     quiet = min(before, warm.reference(), key=lambda r: r[LOCKSTEP_KEY])
     assert slowdown(loaded, quiet) > 1.5
 
