@@ -267,7 +267,6 @@ def test_a_typical_reference_is_each_probe_s_median():
 
 
 @pytest.mark.host  # its quiet reference is timed on the real CPU: beside the parallel tests it read 1.24x, not 1.5
-@pytest.mark.host  # its quiet reference needs the cores: beside another test's calibration both references read 2.2x
 def test_real_busy_processes_slow_the_probe_down():
     """Eight times as many real busy processes as cores: each probe thread gets about a ninth of a core, and waits
     for the other (the scheduler favours threads that wake, so the slowdown read is far less than the share says).
