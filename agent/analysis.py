@@ -36,7 +36,6 @@ from agent.protocol import graph_in_request
 from monitors.errors import BadInput, LimitExceeded
 from monitors.graphs.graph import InputSpec
 from monitors.graphs.limits import Limits
-from monitors.pricing.costmodel import CostModel
 from monitors.pricing.generation import GenerationSpec
 from monitors.pricing.kernels import Plan
 from monitors.speed.present import Speed, fastest
@@ -160,16 +159,9 @@ def _analyse_unbounded(fmt: str, source: Any, inputs: dict[str, InputSpec], limi
     return Analysis(plans, base, memory, written, stream, gemm)
 
 
-def _ms(costs: CostModel, plan: Plan) -> float:
-    return 1000.0 * costs.seconds(plan)
-
-
-def _stream_ms(costs: CostModel, plan: Plan) -> float:
-    return 1000.0 * costs.stream_seconds(plan)
-
-
-def _gemm_ms(costs: CostModel, plan: Plan) -> float:
-    return 1000.0 * costs.gemm_seconds(plan)
+def _ms(seconds: Callable[[Plan], float], plan: Plan) -> float:
+    """A CostModel figure of `plan` (its latency, or a secant of it) in ms."""
+    return 1000.0 * seconds(plan)
 
 
 def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationSpec) -> Analysis:
@@ -182,7 +174,8 @@ def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationS
     written, phase_written, stream, phase_stream, gemm, phase_gemm = 0.0, (0.0, 0.0), 0.0, (0.0, 0.0), 0.0, (0.0, 0.0)
     for device in _ESTIMATOR.devices:
         plan = _ESTIMATOR.plan_generation(model.decoder, spec, model.graph, device)
-        times = generation_times(plan, functools.partial(_ms, _ESTIMATOR.models[device]))
+        costs = _ESTIMATOR.models[device]
+        times = generation_times(plan, functools.partial(_ms, costs.seconds))
         plans[device] = plan.to_json()
         base[device] = times.total_ms
         phases[device] = (times.ttft_ms, times.tpot_ms)
@@ -191,9 +184,9 @@ def _analyse_generation(fmt: str, source: Any, limits: Limits, spec: GenerationS
             steps = sum(w for _, w, _ in plan.decode)
             written = plan.written_mb
             phase_written = (plan.prefill.written_mb, (written - plan.prefill.written_mb) / steps if steps else 0.0)
-            streams = generation_times(plan, functools.partial(_stream_ms, _ESTIMATOR.models[device]))
+            streams = generation_times(plan, functools.partial(_ms, costs.stream_seconds))
             stream, phase_stream = streams.total_ms, (streams.ttft_ms, streams.tpot_ms)
-            gemms = generation_times(plan, functools.partial(_gemm_ms, _ESTIMATOR.models[device]))
+            gemms = generation_times(plan, functools.partial(_ms, costs.gemm_seconds))
             gemm, phase_gemm = gemms.total_ms, (gemms.ttft_ms, gemms.tpot_ms)
     return Analysis(plans, base, memory, written, stream, gemm, phases, phase_written, phase_stream, phase_gemm)
 

@@ -99,8 +99,7 @@ class Estimator:
         best: Estimate | None = None
         for dev in candidates:
             plan = graph if isinstance(graph, Plan) else self.plan(graph, dev)
-            stream = self.stream_ms(plan, dev) if speed.memory != 1.0 else 0.0  # it moves nothing at 1
-            gemm = self.gemm_ms(plan, dev) if speed.gemm != 1.0 else 0.0
+            stream, gemm = _moved_ms(dev, self._model(dev), speed, plan)
             latency, _ = fastest({dev: self.base_latency_ms(plan, dev)}, speed, plan.memory_bytes, plan.written_mb,
                                  stream, gemm)
             est = Estimate(latency, tier_for(latency), dev, len(plan.kernels))
@@ -148,7 +147,15 @@ class Estimator:
 def _present_ms(device: str, model: CostModel, speed: Speed) -> Callable[[Plan], float]:
     """A plan's present latency on `device` (its own closure, not the caller's loop variables)."""
     def price(p: Plan) -> float:
-        stream = 1000.0 * model.stream_seconds(p) if device == "cpu" and speed.memory != 1.0 else 0.0
-        gemm = 1000.0 * model.gemm_seconds(p) if device == "cpu" and speed.gemm != 1.0 else 0.0
+        stream, gemm = _moved_ms(device, model, speed, p)
         return fastest({device: 1000.0 * model.seconds(p)}, speed, 0, p.written_mb, stream, gemm)[0]
     return price
+
+
+def _moved_ms(device: str, model: CostModel, speed: Speed, plan: Plan) -> tuple[float, float]:
+    """The plan's stream_ms and gemm_ms on `device`, each only where `speed`'s multiplier moves it (at 1 it moves
+    nothing, and its secant is not priced); 0 on the GPU, whose memory and products no probe reads."""
+    if device != "cpu":
+        return 0.0, 0.0
+    return (1000.0 * model.stream_seconds(plan) if speed.memory != 1.0 else 0.0,
+            1000.0 * model.gemm_seconds(plan) if speed.gemm != 1.0 else 0.0)
