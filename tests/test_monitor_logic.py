@@ -119,18 +119,19 @@ def test_a_memory_slowdown_moves_the_monitors_that_stream_and_only_them():
     assert t.latencies(slow).tolist() == pytest.approx([60.0, 60.0 + 1.2 * 30.0])  # the GPU member took its row
 
 
-def test_a_gemm_slowdown_moves_the_monitors_whose_float_products_take_their_time():
-    """A spell of slow float products slows a transformer (most of its time in them) and not a convolution net."""
+def test_a_gemm_multiplier_moves_the_monitors_whose_float_products_take_their_time():
+    """Calibrated in a spell of slow float products, the host read out of it: a transformer (most of its time in
+    them) is priced faster, a convolution net is not."""
     t = MonitorTable(MonitorRules(dwell_s=0.0))
-    t.add("bert", [Member(90.0, "cpu", bound_ms("good"), gemm_ms=80.0)], meets=True, seq=1)
-    t.add("cnn", [Member(90.0, "cpu", bound_ms("good"))], meets=True, seq=2)
-    t.add("gpu", [Member(90.0, "gpu", bound_ms("good"), gemm_ms=80.0)], meets=True, seq=3)  # no probe reads it
-    spell = dataclasses.replace(factors(1.0, gpu=1.0), gemm=1.3)
-    assert t.latencies(spell).tolist() == pytest.approx([114.0, 90.0, 90.0])
-    assert t.evaluate(0.0, spell) == [Change("bert", False, 4)]
+    t.add("bert", [Member(110.0, "cpu", bound_ms("good"), gemm_ms=100.0)], meets=False, seq=1)
+    t.add("cnn", [Member(110.0, "cpu", bound_ms("good"))], meets=False, seq=2)
+    t.add("gpu", [Member(110.0, "gpu", bound_ms("good"), gemm_ms=100.0)], meets=False, seq=3)  # no probe reads it
+    faster = dataclasses.replace(factors(1.0, gpu=1.0), gemm=0.75)
+    assert t.latencies(faster).tolist() == pytest.approx([85.0, 110.0, 110.0])
+    assert t.evaluate(0.0, faster) == [Change("bert", True, 4)]
     t.remove("bert")  # the swap-remove keeps each member's gemm time with it
-    t.set_base("cnn", [90.0], [0.0], [40.0])  # a calibration redone: the gemm time with the base
-    assert t.latencies(spell).tolist() == pytest.approx([90.0, 90.0 + 0.3 * 40.0])
+    t.set_base("cnn", [110.0], [0.0], [40.0])  # a calibration redone: the gemm time with the base
+    assert t.latencies(faster).tolist() == pytest.approx([110.0, 110.0 - 0.25 * 40.0])
 
 
 def test_poor_tier_is_met_by_any_finite_latency():

@@ -347,14 +347,15 @@ def test_memory_multiplier_is_bounded_and_a_steady_host_s_noise_moves_nothing():
 def test_vm_fixture_tree_gemm_multiplier_is_the_gemm_probe_s_and_stretches_only_the_float_products(tmp_path):
     state = sampled(vm(tmp_path))
     assert speed_from_state(state, 2, m(1.0), current=True).gemm == 1.0  # none read
-    slow = speed_from_state(state, 2, Measurement(1.0, None, gemm=1.3), current=True)
-    assert slow.gemm == pytest.approx(1.3 / GEMM_NOISE, rel=1e-3)
-    assert any("float products run 1.18x slower" in r for r in slow.reasons)
     # calibrated in a spell, read out of it: below 1
-    assert speed_from_state(state, 2, Measurement(1.0, None, gemm=0.8)).gemm == pytest.approx(0.8 * GEMM_NOISE)
+    fast = speed_from_state(state, 2, Measurement(1.0, None, gemm=0.8), current=True)
+    assert fast.gemm == pytest.approx(0.8 * GEMM_NOISE)
+    # read in a spell: one reading may be a few seconds' state, and never raises an estimate (or moves a monitor)
+    slow = speed_from_state(state, 2, Measurement(1.0, None, gemm=1.3), current=True)
+    assert slow.gemm == 1.0 and slow.reasons == fast.reasons
     # a transformer of 30 ms whose products take 24 of them, and a convolution net of 30 ms with none
-    speed = Speed(cpu=1.1, gpu=None, gemm=1.25)
-    assert fastest({"cpu": 30.0}, speed, gemm_ms=24.0)[0] == pytest.approx(1.1 * (30.0 + 0.25 * 24.0))
+    speed = Speed(cpu=1.1, gpu=None, gemm=0.8)
+    assert fastest({"cpu": 30.0}, speed, gemm_ms=24.0)[0] == pytest.approx(1.1 * (30.0 - 0.2 * 24.0))
     assert fastest({"cpu": 30.0}, speed)[0] == pytest.approx(33.0)
     assert fastest({"gpu": 30.0}, dataclasses.replace(speed, gpu=1.0), gemm_ms=24.0)[0] == 30.0  # the CPU's
 
@@ -363,7 +364,7 @@ def test_gemm_multiplier_is_bounded_and_a_steady_host_s_noise_moves_nothing():
     assert gemm_multiplier(None) == gemm_multiplier(math.nan) == 1.0
     for steady in (1.0, 1.03, 1 / 1.03, GEMM_NOISE, 1 / GEMM_NOISE):
         assert gemm_multiplier(steady) == pytest.approx(1.0)
-    assert gemm_multiplier(1e9) == MAX_GEMM / GEMM_NOISE and gemm_multiplier(0.0) == MIN_GEMM * GEMM_NOISE
+    assert gemm_multiplier(1e9) == MAX_GEMM == 1.0 and gemm_multiplier(0.0) == MIN_GEMM * GEMM_NOISE
 
 
 def test_estimate_stretches_a_plan_s_float_products_by_the_gemm_multiplier_and_nothing_else(estimator):
