@@ -15,7 +15,8 @@ some of the time (docs/device-state.md) slows the second 2-3x and the first
 hardly at all; time slicing and lower clocks slow both alike. The third, a gemm probe, is one float product of 64
 rows over 1024x1024 weights, as a transformer's layers multiply: a shared host has spells of a minute or more in which
 such products run 1.3-1.4x slower while 3x3 convolutions run 1.1x slower (onnxruntime computes the two with different
-kernels); the ratio of its slowdown to the compute probe's is what a model's float products pay on top. Where asked,
+kernels); the ratio of its slowdown to the compute probe's tells a calibration read in such a spell from the host out
+of it (monitors/speed/present.py makes it the gemm multiplier). Where asked,
 a fourth probe streams a buffer twice the last-level cache through a
 one-row MatMul, as a decode step reads its weights: a host whose memory is
 busier than at calibration slows it more than the compute probe, and that
@@ -415,21 +416,22 @@ def memory_slowdown(now: dict[str, float], reference: dict[str, float]) -> float
     over the compute probe's (time slicing and clocks slow both; a neighbour that takes bandwidth slows the stream
     probe more). A model's streamed time pays it on top of the CPU multiplier (monitors/speed/present.py). None
     where either reading lacks the stream probe."""
-    ratio = slowdown(now, reference)
-    a, b = now.get(STREAM_KEY), reference.get(STREAM_KEY)
-    if ratio is None or not a or not b or a <= 0 or b <= 0:
-        return None
-    value = a / b / ratio
-    return min(MAX_MEMORY_SLOWDOWN, max(MIN_MEMORY_SLOWDOWN, value)) if math.isfinite(value) else None
+    value = _beyond_compute(now, reference, STREAM_KEY)
+    return None if value is None else min(MAX_MEMORY_SLOWDOWN, max(MIN_MEMORY_SLOWDOWN, value))
 
 
 def gemm_slowdown(now: dict[str, float], reference: dict[str, float]) -> float | None:
     """How much slower than calibrated float products run now, beyond the CPU's slowdown: the gemm probe's slowdown
-    over the compute probe's. A model's float products pay it on top of the CPU multiplier (monitors/speed/present.py).
-    None where either reading lacks the gemm probe (a reference from an older version of the refresh); unbounded (the
-    present speed bounds it)."""
+    over the compute probe's. None where either reading lacks the gemm probe (a reference from an older version of the
+    refresh); unbounded (the present speed bounds it, to at most 1: monitors/speed/present.py)."""
+    return _beyond_compute(now, reference, GEMM_KEY)
+
+
+def _beyond_compute(now: dict[str, float], reference: dict[str, float], key: str) -> float | None:
+    """The `key` probe's slowdown (now over the reference) over the compute probe's; None where either reading lacks
+    one of them."""
     ratio = slowdown(now, reference)
-    a, b = now.get(GEMM_KEY), reference.get(GEMM_KEY)
+    a, b = now.get(key), reference.get(key)
     if ratio is None or not a or not b or a <= 0 or b <= 0:
         return None
     value = a / b / ratio

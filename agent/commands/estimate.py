@@ -205,7 +205,7 @@ def _present_speed(state: DeviceState, reference: dict[str, float]) -> Speed:
     """The device's present speed: its state, then one warm refresh against the calibration's reference, as the
     agent measures (none without a reference: the prediction alone); the stream probe too where the reference has
     it, so that a model that streams its weights pays a neighbour's use of memory bandwidth, and the gemm probe, so
-    that a model's float products pay a spell in which the host runs them slower."""
+    that a calibration read in a spell of slow float products does not price a model's products at that speed."""
     threads = refresh.default_threads()
     if not reference:
         return speed_from_state(state, threads)

@@ -110,7 +110,8 @@ class Speed:
     handoff_ms_per_mb: float = 0.0  # added to a CPU latency per MB its plan writes (Plan.written_mb)
     memory: float = 1.0  # how much slower memory streams than calibrated, beyond `cpu` (a model's stream_ms pays it;
     # below 1 where the host streams faster than in its calibration)
-    gemm: float = 1.0  # how much slower float products run than calibrated, beyond `cpu` (a model's gemm_ms pays it)
+    gemm: float = 1.0  # how much slower float products run than calibrated, beyond `cpu` (a model's gemm_ms pays it;
+    # at most 1 from a refresh: gemm_multiplier)
 
     def factors(self) -> np.ndarray:
         """The multiplier by device (DEVICES order); inf where the device is absent."""
